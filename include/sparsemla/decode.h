@@ -1,0 +1,78 @@
+// sparsemla/decode.h: the sparse MLA decode of SPEC 4 (one softmax over the main and extra lists,
+// attention sink, split-K partials + combine, fused inverse RoPE, NaN scrub per the provenance gate).
+//
+// Shapes: q bf16 [T, H, 512]; out bf16 [T, H, 512]; lse fp32 [T, H] (optional). Strides in
+// elements, last dim contiguous. Pointers live where the path runs (host for Cpu, device for CUDA).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "sparsemla/backend.h"
+#include "sparsemla/format.h"
+#include "sparsemla/lists.h"
+#include "sparsemla/numerics.h"
+#include "sparsemla/writer.h"
+
+namespace sparsemla {
+
+inline constexpr float kDefaultSoftmaxScale = 0.04419417382415922f;  // 512^-0.5
+
+struct DecodeParams {
+  int64_t num_tokens = 0;               // T query rows (several per request under MTP)
+  int32_t num_heads = 0;                // H in [1, 128]
+  const bf16_bits* q = nullptr;         // [T, H, 512]
+  int64_t q_stride_token = 0;           // elements (0: H*512)
+  int64_t q_stride_head = 512;
+
+  CacheView main_cache;                 // window cache (always scrubbed)
+  RaggedList main_list;                 // T rows
+  bool has_extra = false;               // ratio-4 / ratio-128 layers
+  CacheView extra_cache;                // compressed cache
+  RaggedList extra_list;                // T rows
+
+  const float* sink = nullptr;          // [H] natural-log units, or null
+  float scale = kDefaultSoftmaxScale;
+
+  const int64_t* positions = nullptr;   // [T] query positions for the fused inverse RoPE, or null
+  RopeTable rope;                       // the layer's table (needed with positions)
+
+  bf16_bits* out = nullptr;             // [T, H, 512]
+  int64_t out_stride_token = 0;         // elements (0: H*512)
+  int64_t out_stride_head = 512;
+  float* lse = nullptr;                 // [T, H] or null: log-sum-exp without the sink, +inf if no key
+  int64_t lse_stride_token = 0;         // (0: H)
+  int64_t lse_stride_head = 1;
+
+  // Provenance gate inputs (SPEC 5); the extra scrub is skipped only when the gate holds.
+  bool extra_cache_sanitised = false;
+  bool kv_connector = false;
+
+  int32_t num_splits = 0;               // S; 0: the path's planner picks it
+  bool adaptive_splits = false;         // SPEC 4.5 (specialised path)
+  Path path = Path::Auto;
+  void* stream = nullptr;               // cudaStream_t for the CUDA paths
+};
+
+// Workspace bytes for (T, H, S): partials m, l fp32 [T, S, H] and acc fp32 [T, S, H, 512].
+size_t decode_workspace_size(int64_t num_tokens, int32_t num_heads, int32_t num_splits);
+
+// The split count the call will use (the planner of the chosen path when p.num_splits == 0).
+int32_t decode_num_splits(const DecodeParams& p);
+
+// Whether the path can run the call; on false `why` (if given) says which input is unsupported.
+bool decode_is_supported(const DecodeParams& p, const char** why = nullptr);
+
+// Runs the decode. workspace may be null only when the chosen S is 1.
+void sparse_decode(const DecodeParams& p, void* workspace, size_t workspace_bytes);
+
+// Reference: float64 on the dequantised cache (scrub decisions as the kernels), no bf16 rounding of
+// probabilities; writes fp64 out [T, H, 512] (contiguous) and lse [T, H] (or null). CPU pointers.
+void sparse_decode_reference(const DecodeParams& p, double* out, double* lse);
+
+// Standalone inverse RoPE on a bf16 [T, H, 512] tensor in place (dims 448..511, from bf16 values).
+void inverse_rope_inplace(bf16_bits* x, int64_t num_tokens, int32_t num_heads, int64_t stride_token,
+                          int64_t stride_head, const int64_t* positions, const RopeTable& rope,
+                          Path path = Path::Auto, void* stream = nullptr);
+
+}  // namespace sparsemla

@@ -1,0 +1,182 @@
+// sparsemla/numerics.h: bit-exact codecs (bf16, OCP e4m3fn, UE8M0) and the quantiser of SPEC 2.3.
+//
+// Everything here is pure bit manipulation, callable from host and device, and independent of the
+// rounding mode of the surrounding code. Tests check every codec against an independent 256-entry
+// table (tests/cpp/test_numerics.cpp).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "sparsemla/format.h"
+
+namespace sparsemla {
+
+// ---- raw float bits ------------------------------------------------------------------------------
+SPARSEMLA_HOST_DEVICE uint32_t float_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+#endif
+}
+SPARSEMLA_HOST_DEVICE float bits_float(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+#endif
+}
+
+// ---- bf16 (raw bits in uint16_t) -----------------------------------------------------------------
+using bf16_bits = uint16_t;
+
+SPARSEMLA_HOST_DEVICE float bf16_to_float(bf16_bits b) { return bits_float(static_cast<uint32_t>(b) << 16); }
+
+// Round to nearest, ties to even. NaN stays NaN (quiet, sign kept); overflow rounds to +-inf.
+SPARSEMLA_HOST_DEVICE bf16_bits float_to_bf16(float f) {
+  const uint32_t u = float_bits(f);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<bf16_bits>((u >> 16) | 0x0040u);
+  const uint32_t rounded = u + 0x7FFFu + ((u >> 16) & 1u);
+  return static_cast<bf16_bits>(rounded >> 16);
+}
+SPARSEMLA_HOST_DEVICE float round_to_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
+
+// ---- OCP e4m3fn ----------------------------------------------------------------------------------
+// s eeee mmm, bias 7, no inf, 0x7F/0xFF are NaN, max 448 (0x7E), min subnormal 2^-9.
+struct E4m3 {
+  static constexpr float kMax = 448.0f;
+  static constexpr uint8_t kMaxByte = 0x7E;
+  static constexpr uint8_t kNegMaxByte = 0xFE;
+};
+
+SPARSEMLA_HOST_DEVICE bool e4m3_is_nan(uint8_t b) { return (b & 0x7F) == 0x7F; }
+
+SPARSEMLA_HOST_DEVICE float e4m3_to_float(uint8_t b) {
+  const uint32_t sign = static_cast<uint32_t>(b & 0x80) << 24;
+  const uint32_t e = (b >> 3) & 0xF, m = b & 0x7;
+  if (e == 0xF && m == 0x7) return bits_float(sign | 0x7FC00000u);
+  if (e == 0) {
+    // subnormal: m * 2^-9, exact in fp32
+    const float v = static_cast<float>(m) * 0.001953125f;
+    return bits_float(float_bits(v) | sign);
+  }
+  return bits_float(sign | ((e + 120u) << 23) | (m << 20));
+}
+
+// Round to nearest even, saturating to +-448, subnormals kept, NaN -> 0x7F (sign kept).
+SPARSEMLA_HOST_DEVICE uint8_t float_to_e4m3(float f) {
+  const uint32_t u = float_bits(f);
+  const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80);
+  const uint32_t a = u & 0x7FFFFFFFu;
+  if (a > 0x7F800000u) return static_cast<uint8_t>(sign | 0x7F);
+  if (a >= 0x43E00000u) return static_cast<uint8_t>(sign | E4m3::kMaxByte);  // |f| >= 448 (incl. inf)
+  const int exp = static_cast<int>(a >> 23) - 127;
+  uint32_t q;
+  if (exp < -6) {
+    // Subnormal range: value = k * 2^-9 with k = RNE(|f| * 2^9) in [0, 8] (k == 8 is the min
+    // normal, encoded correctly by the same bits). Shift the significand so bit 0 weighs 2^-9;
+    // 2^-10 is a tie that rounds to the even 0.
+    const uint32_t sig = (a & 0x7FFFFFu) | 0x800000u;
+    const int shift = 14 - exp;  // 21 at exp = -7
+    if (shift >= 32) {
+      q = 0;
+    } else {
+      const uint32_t kept = sig >> shift, rem = sig & ((1u << shift) - 1u), half = 1u << (shift - 1);
+      q = kept + ((rem > half || (rem == half && (kept & 1u))) ? 1u : 0u);
+    }
+  } else {
+    const uint32_t mant = a & 0x7FFFFFu, kept = mant >> 20, rem = mant & 0xFFFFFu;
+    q = (static_cast<uint32_t>(exp + 7) << 3) + kept;
+    if (rem > 0x80000u || (rem == 0x80000u && (kept & 1u))) q += 1;  // carry may bump the exponent
+    if (q > E4m3::kMaxByte) q = E4m3::kMaxByte;
+  }
+  return static_cast<uint8_t>(sign | q);
+}
+
+// ---- UE8M0 (SPEC 2.1) ----------------------------------------------------------------------------
+// scale = 2^(code-127) exactly; code 0 is the fp32 subnormal 2^-127; code 255 decodes to +inf.
+SPARSEMLA_HOST_DEVICE float ue8m0_to_float(uint8_t code) {
+  return bits_float(code == 0 ? 0x00400000u : static_cast<uint32_t>(code) << 23);
+}
+SPARSEMLA_HOST_DEVICE bf16_bits ue8m0_to_bf16(uint8_t code) {
+  return static_cast<bf16_bits>(code == 0 ? 0x0040u : static_cast<uint32_t>(code) << 7);
+}
+
+// ---- the quantiser (SPEC 2.3) --------------------------------------------------------------------
+// Code limits: legacy writers clamp to 255, sanitising writers to 254 (SPEC 5).
+inline constexpr int kCodeMaxLegacy = 255;
+inline constexpr int kCodeMaxSanitising = 254;
+// Exponent value standing for e = +inf (a tile holding +-inf).
+inline constexpr int kExpInf = std::numeric_limits<int>::max();
+inline constexpr float kQuantAmaxFloor = 1e-4f;
+
+// ceil(log2(amax / 448)) exactly, for amax >= 1e-4 (normal fp32) or +inf.
+SPARSEMLA_HOST_DEVICE int quant_exponent(float amax) {
+  const uint32_t u = float_bits(amax);
+  if (u >= 0x7F800000u) return kExpInf;
+  const int big_e = static_cast<int>(u >> 23);
+  const uint32_t m = u & 0x7FFFFFu;
+  return big_e - 135 + (m > 0x600000u ? 1 : 0);  // 448 = 1.75 * 2^8, 1.75 = mantissa 0x600000
+}
+
+// 2^-e as fp32 (0 when e = +inf). e is within [-22, 120] for amax in [1e-4, FLT_MAX]: exact, normal.
+SPARSEMLA_HOST_DEVICE float quant_inv_scale(int e) {
+  return e == kExpInf ? 0.0f : bits_float(static_cast<uint32_t>(127 - e) << 23);
+}
+
+// UE8M0 code of exponent e: clamp(e + 127, 0, code_max).
+SPARSEMLA_HOST_DEVICE uint8_t quant_code(int e, int code_max) {
+  if (e == kExpInf) return static_cast<uint8_t>(code_max);
+  const int c = e + 127;
+  return static_cast<uint8_t>(c < 0 ? 0 : (c > code_max ? code_max : c));
+}
+
+// max(fmax-reduce |x_i|, 1e-4), NaN ignored.
+SPARSEMLA_HOST_DEVICE float quant_amax(const float* x, int n) {
+  float amax = 0.0f;
+  for (int i = 0; i < n; ++i) amax = fmaxf(amax, fabsf(x[i]));
+  return fmaxf(amax, kQuantAmaxFloor);
+}
+
+// One element: y = clamp(x * 2^-e, -448, 448) (NaN -> -448), then e4m3 RNE.
+SPARSEMLA_HOST_DEVICE uint8_t quant_element(float x, float inv_scale) {
+  const float y = fminf(fmaxf(x * inv_scale, -E4m3::kMax), E4m3::kMax);
+  return float_to_e4m3(y);
+}
+
+// Quantises n bf16-exact values into bytes; returns the exponent e (kExpInf for a tile with +-inf).
+SPARSEMLA_HOST_DEVICE int quantize_block(const float* x, int n, uint8_t* bytes) {
+  const int e = quant_exponent(quant_amax(x, n));
+  const float inv = quant_inv_scale(e);
+  for (int i = 0; i < n; ++i) bytes[i] = quant_element(x[i], inv);
+  return e;
+}
+
+// The fp32 scale the indexer stores: 2^e, +inf for e = +inf (not clamped).
+SPARSEMLA_HOST_DEVICE float indexer_scale_of_exponent(int e) {
+  if (e == kExpInf) return bits_float(0x7F800000u);
+  return ldexpf(1.0f, e);
+}
+
+// ---- RoPE (SPEC 1): GPT-J interleaved pairs, table row [cos x32 | sin x32] --------------------------
+// Forward rotation of pair k: a' = a*c - b*s, b' = a*s + b*c (fp32, plain multiply-add).
+SPARSEMLA_HOST_DEVICE void rope_forward_pair(float& a, float& b, float c, float s) {
+  const float na = a * c - b * s, nb = a * s + b * c;
+  a = na;
+  b = nb;
+}
+// Inverse rotation: a' = a*c + b*s, b' = b*c - a*s.
+SPARSEMLA_HOST_DEVICE void rope_inverse_pair(float& a, float& b, float c, float s) {
+  const float na = a * c + b * s, nb = b * c - a * s;
+  a = na;
+  b = nb;
+}
+
+}  // namespace sparsemla

@@ -1,0 +1,49 @@
+// sparsemla/plan.h: choosing the split count S from shapes only (SPEC 4.4) and the adaptive
+// active-split rule (SPEC 4.5). Pure functions; nothing is read from the GPU.
+#pragma once
+
+#include <cstdint>
+
+namespace sparsemla {
+
+inline constexpr int32_t kPlanKeyBlock = 32;   // bk
+inline constexpr int32_t kPlanHeadBlock = 16;  // heads per head block: hb = ceil(H / 16)
+inline constexpr int32_t kGenericMaxSplits = 16;
+inline constexpr int32_t kSpecialisedMaxSplits = 32;
+
+struct PlanShape {
+  int64_t num_tokens = 0;   // T
+  int32_t num_heads = 0;    // H (hb = ceil(H/16))
+  int64_t width_main = 0;   // dense width of the main list (cap / T)
+  int64_t width_extra = 0;  // dense width of the extra list (0: none)
+  int32_t num_sms = 0;      // CU
+};
+
+int64_t plan_head_blocks(int32_t num_heads);
+// iters(s) of SPEC 4.4.
+int64_t plan_iters(int64_t width_main, int64_t width_extra, int64_t s);
+
+// The generic selector (cap 16). T = 0 returns 1 (nothing is launched).
+int32_t plan_generic(const PlanShape& shape);
+// The specialised selector exactly as in SPEC 4.4 (reference; conformance-pinned; cap 32).
+int32_t plan_specialised_ref(const PlanShape& shape);
+
+// ONE_WAVE of SPEC 4.5: max(1, CU / base) when 16 <= base < 64, else S.
+int32_t adaptive_one_wave(const PlanShape& shape, int32_t splits);
+// Number of splits that do work for a row with true lengths (len_main, len_extra) (SPEC 4.5).
+int32_t adaptive_active_splits(int64_t len_main, int64_t len_extra, int32_t splits, int32_t one_wave);
+
+// Split s of a segment of length len cut into `pieces`: [begin, end), c = ceil(len / pieces).
+struct SplitRange {
+  int64_t begin;
+  int64_t end;
+};
+inline SplitRange split_range(int64_t len, int32_t pieces, int32_t s) {
+  const int64_t c = (len + pieces - 1) / pieces;
+  int64_t b = s * c, e = b + c;
+  if (b > len) b = len;
+  if (e > len) e = len;
+  return {b, e};
+}
+
+}  // namespace sparsemla

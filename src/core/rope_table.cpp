@@ -1,0 +1,65 @@
+// The per-layer RoPE cos/sin table of SPEC 1 (GPT-J pairs over 64 dims, optional YaRN).
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+#include "sparsemla/error.h"
+#include "sparsemla/rope.h"
+
+namespace sparsemla {
+
+namespace {
+constexpr int kRopeDims = 64;
+constexpr int kPairs = kRopeDims / 2;
+
+// Dimension index at which a wavelength completes `rotations` turns over the original length.
+double yarn_correction_dim(double rotations, double base, double original_len) {
+  return kRopeDims * std::log(original_len / (rotations * 2.0 * std::numbers::pi)) /
+         (2.0 * std::log(base));
+}
+
+std::vector<double> rope_frequencies(const RopeConfig& cfg) {
+  std::vector<double> f(kPairs);
+  for (int k = 0; k < kPairs; ++k) f[k] = 1.0 / std::pow(cfg.theta, 2.0 * k / kRopeDims);
+  if (!cfg.yarn) return f;
+  const double n0 = static_cast<double>(cfg.yarn_original_len);
+  double lo = std::floor(yarn_correction_dim(cfg.yarn_beta_fast, cfg.theta, n0));
+  double hi = std::ceil(yarn_correction_dim(cfg.yarn_beta_slow, cfg.theta, n0));
+  lo = std::max(lo, 0.0);
+  hi = std::min(hi, double{kRopeDims - 1});
+  if (lo == hi) hi += 0.001;
+  for (int k = 0; k < kPairs; ++k) {
+    const double ramp = std::clamp((k - lo) / (hi - lo), 0.0, 1.0);
+    const double keep = 1.0 - ramp;  // 1: high frequency, unchanged; 0: fully interpolated
+    f[k] = f[k] / cfg.yarn_factor * (1.0 - keep) + f[k] * keep;
+  }
+  return f;
+}
+}  // namespace
+
+RopeConfig rope_config_window_layer() { return RopeConfig{}; }
+
+RopeConfig rope_config_compressed_layer() {
+  RopeConfig c;
+  c.theta = 160000.0;
+  c.yarn = true;
+  return c;
+}
+
+std::vector<float> build_rope_table(const RopeConfig& cfg, int64_t positions) {
+  SPARSEMLA_CHECK_ARG(positions >= 1, "build_rope_table", "positions", ">= 1", positions);
+  SPARSEMLA_CHECK_ARG(cfg.theta > 1.0, "build_rope_table", "cfg.theta", "> 1", cfg.theta);
+  const std::vector<double> f = rope_frequencies(cfg);
+  std::vector<float> table(static_cast<size_t>(positions) * kRopeDims);
+  for (int64_t p = 0; p < positions; ++p) {
+    float* row = table.data() + p * kRopeDims;
+    for (int k = 0; k < kPairs; ++k) {
+      const double angle = static_cast<double>(p) * f[k];
+      row[k] = static_cast<float>(std::cos(angle));
+      row[kPairs + k] = static_cast<float>(std::sin(angle));
+    }
+  }
+  return table;
+}
+
+}  // namespace sparsemla
