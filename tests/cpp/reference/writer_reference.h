@@ -1,0 +1,2 @@
+// placeholder: the writer owner defines the independent writer reference here.
+#pragma once
