@@ -100,10 +100,18 @@ void build_compressed_all_lists(const CompressedAllListParams& p) {
 // ---- decode (owner: decode) ---------------------------------------------------------------------
 namespace sparsemla {
 // PLACEHOLDER: the decode owner replaces this block.
-size_t decode_workspace_size(int64_t, int32_t, int32_t) { throw Error("not implemented"); }
-int32_t decode_num_splits(const DecodeParams&) { throw Error("not implemented"); }
-bool decode_is_supported(const DecodeParams&, const char**) { throw Error("not implemented"); }
-void sparse_decode(const DecodeParams&, void*, size_t) { throw Error("not implemented"); }
+size_t decode_workspace_size(int64_t, int32_t, int32_t) {
+  throw Error("not implemented");
+}
+int32_t decode_num_splits(const DecodeParams&) {
+  throw Error("not implemented");
+}
+bool decode_is_supported(const DecodeParams&, const char**) {
+  throw Error("not implemented");
+}
+void sparse_decode(const DecodeParams&, void*, size_t) {
+  throw Error("not implemented");
+}
 void inverse_rope_inplace(bf16_bits*, int64_t, int32_t, int64_t, int64_t, const int64_t*,
                           const RopeTable&, Path, void*) {
   throw Error("not implemented");

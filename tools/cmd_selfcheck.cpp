@@ -1,5 +1,7 @@
 // placeholder: implemented by its owner
 #include "commands.h"
 namespace sparsemla::tools {
-void register_selfcheck(CLI::App& app) { (void)app; }
+void register_selfcheck(CLI::App& app) {
+  (void)app;
+}
 }  // namespace sparsemla::tools

@@ -1,5 +1,6 @@
 // sparsemla/decode.h: the sparse MLA decode of SPEC 4 (one softmax over the main and extra lists,
-// attention sink, split-K partials + combine, fused inverse RoPE, NaN scrub per the provenance gate).
+// attention sink, split-K partials + combine, fused inverse RoPE, NaN scrub per the provenance
+// gate).
 //
 // Shapes: q bf16 [T, H, 512]; out bf16 [T, H, 512]; lse fp32 [T, H] (optional). Strides in
 // elements, last dim contiguous. Pointers live where the path runs (host for Cpu, device for CUDA).
@@ -19,39 +20,41 @@ namespace sparsemla {
 inline constexpr float kDefaultSoftmaxScale = 0.04419417382415922f;  // 512^-0.5
 
 struct DecodeParams {
-  int64_t num_tokens = 0;               // T query rows (several per request under MTP)
-  int32_t num_heads = 0;                // H in [1, 128]
-  const bf16_bits* q = nullptr;         // [T, H, 512]
-  int64_t q_stride_token = 0;           // elements (0: H*512)
+  int64_t num_tokens = 0;        // T query rows (several per request under MTP)
+  int32_t num_heads = 0;         // H in [1, 128]
+  const bf16_bits* q = nullptr;  // [T, H, 512]
+  int64_t q_stride_token = 0;    // elements (0: H*512)
   int64_t q_stride_head = 512;
 
-  CacheView main_cache;                 // window cache (always scrubbed)
-  RaggedList main_list;                 // T rows
-  bool has_extra = false;               // ratio-4 / ratio-128 layers
-  CacheView extra_cache;                // compressed cache
-  RaggedList extra_list;                // T rows
+  CacheView main_cache;    // window cache (always scrubbed)
+  RaggedList main_list;    // T rows
+  bool has_extra = false;  // ratio-4 / ratio-128 layers
+  CacheView extra_cache;   // compressed cache
+  RaggedList extra_list;   // T rows
 
-  const float* sink = nullptr;          // [H] natural-log units, or null
+  const float* sink = nullptr;  // [H] natural-log units, or null
   float scale = kDefaultSoftmaxScale;
 
-  const int64_t* positions = nullptr;   // [T] query positions for the fused inverse RoPE, or null
-  RopeTable rope;                       // the layer's table (needed with positions)
+  const int64_t* positions = nullptr;  // [T] query positions for the fused inverse RoPE, or null
+  RopeTable rope;                      // the layer's table (needed with positions)
 
-  bf16_bits* out = nullptr;             // [T, H, 512]
-  int64_t out_stride_token = 0;         // elements (0: H*512)
+  bf16_bits* out = nullptr;      // [T, H, 512]
+  int64_t out_stride_token = 0;  // elements (0: H*512)
   int64_t out_stride_head = 512;
-  float* lse = nullptr;                 // [T, H] or null: log-sum-exp without the sink, +inf if no key
-  int64_t lse_stride_token = 0;         // (0: H)
+  float* lse = nullptr;          // [T, H] or null: log-sum-exp without the sink, +inf if no key
+  int64_t lse_stride_token = 0;  // (0: H)
   int64_t lse_stride_head = 1;
 
   // Provenance gate inputs (SPEC 5); the extra scrub is skipped only when the gate holds.
   bool extra_cache_sanitised = false;
   bool kv_connector = false;
 
-  int32_t num_splits = 0;               // S; 0: the path's planner picks it
-  bool adaptive_splits = false;         // SPEC 4.5 (specialised path)
+  int32_t num_splits = 0;        // S; 0: the path's planner picks it
+  bool adaptive_splits = false;  // SPEC 4.5 (specialised path)
+  int32_t num_sms = 0;           // CU of the planner and of the adaptive rule (SPEC 4.4/4.5);
+                                 // 0: the path's own (CPU: OpenMP threads; GPU: its SMs)
   Path path = Path::Auto;
-  void* stream = nullptr;               // cudaStream_t for the CUDA paths
+  void* stream = nullptr;  // cudaStream_t for the CUDA paths
 };
 
 // Workspace bytes for (T, H, S): partials m, l fp32 [T, S, H] and acc fp32 [T, S, H, 512].

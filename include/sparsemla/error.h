@@ -2,7 +2,8 @@
 //
 // Every public entry validates its arguments and throws sparsemla::Error whose message names the
 // operation, the argument, what was expected and what was got, e.g.
-//   "sparsemla::write_window: argument 'cache.block_stride': expected >= block_size*584 = 37376, got 37000"
+//   "sparsemla::write_window: argument 'cache.block_stride': expected >= block_size*584 = 37376,
+//   got 37000"
 #pragma once
 
 #include <cstdint>
@@ -18,8 +19,8 @@ class Error : public std::invalid_argument {
 };
 
 // Builds the standard message and throws. `op` is the public operation, `arg` the argument path.
-[[noreturn]] void throw_arg_error(const char* op, const std::string& arg, const std::string& expected,
-                                  const std::string& got);
+[[noreturn]] void throw_arg_error(const char* op, const std::string& arg,
+                                  const std::string& expected, const std::string& got);
 
 namespace detail {
 template <typename T>
@@ -33,9 +34,10 @@ std::string to_text(const T& v) {
 }  // namespace sparsemla
 
 // Checks `cond`; on failure throws sparsemla::Error naming op, arg, expected and the got value.
-#define SPARSEMLA_CHECK_ARG(cond, op, arg, expected, got)                                     \
-  do {                                                                                       \
-    if (!(cond)) ::sparsemla::throw_arg_error(op, arg, expected, ::sparsemla::detail::to_text(got)); \
+#define SPARSEMLA_CHECK_ARG(cond, op, arg, expected, got)                                 \
+  do {                                                                                    \
+    if (!(cond))                                                                          \
+      ::sparsemla::throw_arg_error(op, arg, expected, ::sparsemla::detail::to_text(got)); \
   } while (0)
 
 // Checks that a required pointer is present.

@@ -14,7 +14,8 @@
 
 namespace sparsemla {
 
-// ---- raw float bits ------------------------------------------------------------------------------
+// ---- raw float bits
+// ------------------------------------------------------------------------------
 SPARSEMLA_HOST_DEVICE uint32_t float_bits(float f) {
 #if defined(__CUDA_ARCH__)
   return __float_as_uint(f);
@@ -34,10 +35,13 @@ SPARSEMLA_HOST_DEVICE float bits_float(uint32_t u) {
 #endif
 }
 
-// ---- bf16 (raw bits in uint16_t) -----------------------------------------------------------------
+// ---- bf16 (raw bits in uint16_t)
+// -----------------------------------------------------------------
 using bf16_bits = uint16_t;
 
-SPARSEMLA_HOST_DEVICE float bf16_to_float(bf16_bits b) { return bits_float(static_cast<uint32_t>(b) << 16); }
+SPARSEMLA_HOST_DEVICE float bf16_to_float(bf16_bits b) {
+  return bits_float(static_cast<uint32_t>(b) << 16);
+}
 
 // Round to nearest, ties to even. NaN stays NaN (quiet, sign kept); overflow rounds to +-inf.
 SPARSEMLA_HOST_DEVICE bf16_bits float_to_bf16(float f) {
@@ -46,17 +50,22 @@ SPARSEMLA_HOST_DEVICE bf16_bits float_to_bf16(float f) {
   const uint32_t rounded = u + 0x7FFFu + ((u >> 16) & 1u);
   return static_cast<bf16_bits>(rounded >> 16);
 }
-SPARSEMLA_HOST_DEVICE float round_to_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
+SPARSEMLA_HOST_DEVICE float round_to_bf16(float f) {
+  return bf16_to_float(float_to_bf16(f));
+}
 
-// ---- OCP e4m3fn ----------------------------------------------------------------------------------
-// s eeee mmm, bias 7, no inf, 0x7F/0xFF are NaN, max 448 (0x7E), min subnormal 2^-9.
+// ---- OCP e4m3fn
+// ---------------------------------------------------------------------------------- s eeee mmm,
+// bias 7, no inf, 0x7F/0xFF are NaN, max 448 (0x7E), min subnormal 2^-9.
 struct E4m3 {
   static constexpr float kMax = 448.0f;
   static constexpr uint8_t kMaxByte = 0x7E;
   static constexpr uint8_t kNegMaxByte = 0xFE;
 };
 
-SPARSEMLA_HOST_DEVICE bool e4m3_is_nan(uint8_t b) { return (b & 0x7F) == 0x7F; }
+SPARSEMLA_HOST_DEVICE bool e4m3_is_nan(uint8_t b) {
+  return (b & 0x7F) == 0x7F;
+}
 
 SPARSEMLA_HOST_DEVICE float e4m3_to_float(uint8_t b) {
   const uint32_t sign = static_cast<uint32_t>(b & 0x80) << 24;
@@ -76,7 +85,8 @@ SPARSEMLA_HOST_DEVICE uint8_t float_to_e4m3(float f) {
   const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80);
   const uint32_t a = u & 0x7FFFFFFFu;
   if (a > 0x7F800000u) return static_cast<uint8_t>(sign | 0x7F);
-  if (a >= 0x43E00000u) return static_cast<uint8_t>(sign | E4m3::kMaxByte);  // |f| >= 448 (incl. inf)
+  if (a >= 0x43E00000u)
+    return static_cast<uint8_t>(sign | E4m3::kMaxByte);  // |f| >= 448 (incl. inf)
   const int exp = static_cast<int>(a >> 23) - 127;
   uint32_t q;
   if (exp < -6) {
@@ -88,7 +98,8 @@ SPARSEMLA_HOST_DEVICE uint8_t float_to_e4m3(float f) {
     if (shift >= 32) {
       q = 0;
     } else {
-      const uint32_t kept = sig >> shift, rem = sig & ((1u << shift) - 1u), half = 1u << (shift - 1);
+      const uint32_t kept = sig >> shift, rem = sig & ((1u << shift) - 1u),
+                     half = 1u << (shift - 1);
       q = kept + ((rem > half || (rem == half && (kept & 1u))) ? 1u : 0u);
     }
   } else {
@@ -100,8 +111,9 @@ SPARSEMLA_HOST_DEVICE uint8_t float_to_e4m3(float f) {
   return static_cast<uint8_t>(sign | q);
 }
 
-// ---- UE8M0 (SPEC 2.1) ----------------------------------------------------------------------------
-// scale = 2^(code-127) exactly; code 0 is the fp32 subnormal 2^-127; code 255 decodes to +inf.
+// ---- UE8M0 (SPEC 2.1)
+// ---------------------------------------------------------------------------- scale = 2^(code-127)
+// exactly; code 0 is the fp32 subnormal 2^-127; code 255 decodes to +inf.
 SPARSEMLA_HOST_DEVICE float ue8m0_to_float(uint8_t code) {
   return bits_float(code == 0 ? 0x00400000u : static_cast<uint32_t>(code) << 23);
 }
@@ -109,8 +121,9 @@ SPARSEMLA_HOST_DEVICE bf16_bits ue8m0_to_bf16(uint8_t code) {
   return static_cast<bf16_bits>(code == 0 ? 0x0040u : static_cast<uint32_t>(code) << 7);
 }
 
-// ---- the quantiser (SPEC 2.3) --------------------------------------------------------------------
-// Code limits: legacy writers clamp to 255, sanitising writers to 254 (SPEC 5).
+// ---- the quantiser (SPEC 2.3)
+// -------------------------------------------------------------------- Code limits: legacy writers
+// clamp to 255, sanitising writers to 254 (SPEC 5).
 inline constexpr int kCodeMaxLegacy = 255;
 inline constexpr int kCodeMaxSanitising = 254;
 // Exponent value standing for e = +inf (a tile holding +-inf).
@@ -126,7 +139,8 @@ SPARSEMLA_HOST_DEVICE int quant_exponent(float amax) {
   return big_e - 135 + (m > 0x600000u ? 1 : 0);  // 448 = 1.75 * 2^8, 1.75 = mantissa 0x600000
 }
 
-// 2^-e as fp32 (0 when e = +inf). e is within [-22, 120] for amax in [1e-4, FLT_MAX]: exact, normal.
+// 2^-e as fp32 (0 when e = +inf). e is within [-22, 120] for amax in [1e-4, FLT_MAX]: exact,
+// normal.
 SPARSEMLA_HOST_DEVICE float quant_inv_scale(int e) {
   return e == kExpInf ? 0.0f : bits_float(static_cast<uint32_t>(127 - e) << 23);
 }
@@ -165,8 +179,9 @@ SPARSEMLA_HOST_DEVICE float indexer_scale_of_exponent(int e) {
   return ldexpf(1.0f, e);
 }
 
-// ---- RoPE (SPEC 1): GPT-J interleaved pairs, table row [cos x32 | sin x32] --------------------------
-// Forward rotation of pair k: a' = a*c - b*s, b' = a*s + b*c (fp32, plain multiply-add).
+// ---- RoPE (SPEC 1): GPT-J interleaved pairs, table row [cos x32 | sin x32]
+// -------------------------- Forward rotation of pair k: a' = a*c - b*s, b' = a*s + b*c (fp32,
+// plain multiply-add).
 SPARSEMLA_HOST_DEVICE void rope_forward_pair(float& a, float& b, float c, float s) {
   const float na = a * c - b * s, nb = a * s + b * c;
   a = na;

@@ -27,11 +27,16 @@ int64_t plan_iters(int64_t width_main, int64_t width_extra, int64_t s);
 int32_t plan_generic(const PlanShape& shape);
 // The specialised selector exactly as in SPEC 4.4 (reference; conformance-pinned; cap 32).
 int32_t plan_specialised_ref(const PlanShape& shape);
+// The policy the specialised path launches with on our 132-SM GPU (SPEC 4.4: separately named,
+// re-tuned by measurement, constants and evidence in docs/PERF.md). Always in [1, 32]; T = 0 -> 1.
+// Until measured it equals plan_specialised_ref with the given CU.
+int32_t plan_sm90_tuned(const PlanShape& shape);
 
 // ONE_WAVE of SPEC 4.5: max(1, CU / base) when 16 <= base < 64, else S.
 int32_t adaptive_one_wave(const PlanShape& shape, int32_t splits);
 // Number of splits that do work for a row with true lengths (len_main, len_extra) (SPEC 4.5).
-int32_t adaptive_active_splits(int64_t len_main, int64_t len_extra, int32_t splits, int32_t one_wave);
+int32_t adaptive_active_splits(int64_t len_main, int64_t len_extra, int32_t splits,
+                               int32_t one_wave);
 
 // Split s of a segment of length len cut into `pieces`: [begin, end), c = ceil(len / pieces).
 struct SplitRange {

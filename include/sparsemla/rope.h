@@ -7,7 +7,7 @@
 namespace sparsemla {
 
 struct RopeConfig {
-  double theta = 10000.0;           // window-only layers: 10000; ratio-4/128 layers: 160000 + YaRN
+  double theta = 10000.0;  // window-only layers: 10000; ratio-4/128 layers: 160000 + YaRN
   bool yarn = false;
   double yarn_factor = 16.0;
   int64_t yarn_original_len = 65536;

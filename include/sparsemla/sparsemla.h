@@ -10,5 +10,6 @@
 #include "sparsemla/numerics.h"
 #include "sparsemla/plan.h"
 #include "sparsemla/rope.h"
+#include "sparsemla/verify.h"
 #include "sparsemla/version.h"
 #include "sparsemla/writer.h"

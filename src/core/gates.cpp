@@ -8,10 +8,14 @@ namespace sparsemla {
 
 const char* path_name(Path p) {
   switch (p) {
-    case Path::Auto: return "auto";
-    case Path::Cpu: return "cpu";
-    case Path::CudaGeneric: return "cuda-generic";
-    case Path::CudaSm90: return "cuda-sm90";
+    case Path::Auto:
+      return "auto";
+    case Path::Cpu:
+      return "cpu";
+    case Path::CudaGeneric:
+      return "cuda-generic";
+    case Path::CudaSm90:
+      return "cuda-sm90";
   }
   return "unknown";
 }
@@ -24,8 +28,8 @@ Path parse_path(const std::string& name) {
 }
 
 Path select_gpu_path(const ArchGateInputs& in) {
-  const bool sm90_ok = in.cc_major == 9 && in.cc_minor == 0 && in.have_sm90a_kernels &&
-                       in.caches_fast_aligned;
+  const bool sm90_ok =
+      in.cc_major == 9 && in.cc_minor == 0 && in.have_sm90a_kernels && in.caches_fast_aligned;
   if (in.requested == Path::CudaGeneric) return Path::CudaGeneric;
   if (in.requested == Path::CudaSm90) {
     SPARSEMLA_CHECK_ARG(sm90_ok, "select_gpu_path", "path",

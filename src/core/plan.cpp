@@ -1,11 +1,156 @@
-// PLACEHOLDER (to be replaced by its owner): throws so nothing silently succeeds.
+// The split-count planners of SPEC 4.4 and the adaptive active-split rule of SPEC 4.5.
+//
+// Pure functions of shapes. Every quantity is an exact 64-bit integer: the generic cost
+// waves(s) * (1/s + 0.04) is compared as the rational waves(s) * (25 + s) / (25 s), so ties are
+// real ties (and keep the smaller s), never artefacts of rounding 0.04.
+#include <algorithm>
+#include <string>
+
 #include "sparsemla/error.h"
 #include "sparsemla/plan.h"
+
 namespace sparsemla {
-int64_t plan_head_blocks(int32_t) { throw Error("not implemented"); }
-int64_t plan_iters(int64_t, int64_t, int64_t) { throw Error("not implemented"); }
-int32_t plan_generic(const PlanShape&) { throw Error("not implemented"); }
-int32_t plan_specialised_ref(const PlanShape&) { throw Error("not implemented"); }
-int32_t adaptive_one_wave(const PlanShape&, int32_t) { throw Error("not implemented"); }
-int32_t adaptive_active_splits(int64_t, int64_t, int32_t, int32_t) { throw Error("not implemented"); }
+
+namespace {
+
+// T * hb * 32 * 41 must stay far below 2^63; 2^40 tokens is beyond any batch.
+constexpr int64_t kMaxPlanTokens = int64_t{1} << 40;
+constexpr int64_t kCostDenominator = 25;  // 0.04 = 1/25
+
+// ceil(a / b) for a >= 0, b >= 1, without forming a + b - 1 (no overflow near INT64_MAX).
+int64_t ceil_div(int64_t a, int64_t b) {
+  return a / b + (a % b != 0 ? 1 : 0);
+}
+
+void check_heads(const char* op, const std::string& arg, int32_t num_heads) {
+  SPARSEMLA_CHECK_ARG(num_heads >= 1 && num_heads <= 128, op, arg, "in [1, 128]", num_heads);
+}
+
+void check_widths(const char* op, const std::string& prefix, int64_t width_main,
+                  int64_t width_extra) {
+  SPARSEMLA_CHECK_ARG(width_main >= 0, op, prefix + "width_main", ">= 0", width_main);
+  SPARSEMLA_CHECK_ARG(width_extra >= 0, op, prefix + "width_extra", ">= 0", width_extra);
+}
+
+void check_shape(const char* op, const PlanShape& shape) {
+  SPARSEMLA_CHECK_ARG(shape.num_tokens >= 0 && shape.num_tokens <= kMaxPlanTokens, op,
+                      "shape.num_tokens", "in [0, 2^40]", shape.num_tokens);
+  check_heads(op, "shape.num_heads", shape.num_heads);
+  check_widths(op, "shape.", shape.width_main, shape.width_extra);
+  SPARSEMLA_CHECK_ARG(shape.num_sms >= 1, op, "shape.num_sms", ">= 1", shape.num_sms);
+}
+
+int64_t iters_of(int64_t width_main, int64_t width_extra, int64_t s) {
+  int64_t it = 0;
+  if (width_main > 0) it += ceil_div(ceil_div(width_main, s), kPlanKeyBlock);
+  if (width_extra > 0) it += ceil_div(ceil_div(width_extra, s), kPlanKeyBlock);
+  return it;
+}
+
+// The quantities of SPEC 4.4 for one (validated) shape.
+struct Planner {
+  int64_t base;  // max(1, T * hb)
+  int64_t cu;
+  int64_t width_main;
+  int64_t width_extra;
+
+  explicit Planner(const PlanShape& shape)
+      : base(std::max<int64_t>(1, shape.num_tokens * plan_head_blocks(shape.num_heads))),
+        cu(shape.num_sms),
+        width_main(shape.width_main),
+        width_extra(shape.width_extra) {}
+
+  int64_t waves(int64_t s) const { return ceil_div(base * s, cu); }
+  int64_t iters(int64_t s) const { return iters_of(width_main, width_extra, s); }
+
+  // The smallest s < splits doing the same waves and iterations as `splits`, else `splits`.
+  int64_t shrink_equivalent(int64_t splits) const {
+    for (int64_t s = 1; s < splits; ++s) {
+      if (waves(s) == waves(splits) && iters(s) == iters(splits)) return s;
+    }
+    return splits;
+  }
+};
+
+// waves(a) * (1/a + 1/25) < waves(b) * (1/b + 1/25), exactly.
+bool cheaper(const Planner& pl, int64_t a, int64_t b) {
+  return pl.waves(a) * (kCostDenominator + a) * b < pl.waves(b) * (kCostDenominator + b) * a;
+}
+
+}  // namespace
+
+int64_t plan_head_blocks(int32_t num_heads) {
+  check_heads("plan_head_blocks", "num_heads", num_heads);
+  return ceil_div(num_heads, kPlanHeadBlock);
+}
+
+int64_t plan_iters(int64_t width_main, int64_t width_extra, int64_t s) {
+  check_widths("plan_iters", "", width_main, width_extra);
+  SPARSEMLA_CHECK_ARG(s >= 1, "plan_iters", "s", ">= 1", s);
+  return iters_of(width_main, width_extra, s);
+}
+
+int32_t plan_generic(const PlanShape& shape) {
+  check_shape("plan_generic", shape);
+  if (shape.num_tokens == 0) return 1;  // nothing is launched
+  const Planner pl(shape);
+  int64_t best = 1;
+  for (int64_t s = 2; s <= kGenericMaxSplits; ++s) {
+    if (cheaper(pl, s, best)) best = s;  // strict: ties keep the smaller s
+  }
+  if (best > 1 && (pl.width_main > 0 || pl.width_extra > 0)) best = pl.shrink_equivalent(best);
+  return static_cast<int32_t>(best);
+}
+
+int32_t plan_specialised_ref(const PlanShape& shape) {
+  check_shape("plan_specialised_ref", shape);
+  if (shape.num_tokens == 0) return 1;
+  const Planner pl(shape);
+  int64_t splits =
+      std::min<int64_t>(kSpecialisedMaxSplits, std::max<int64_t>(1, ceil_div(2 * pl.cu, pl.base)));
+  // Short rows: 4 splits already finish them in <= 3 key blocks each.
+  if (pl.base >= 16 && splits > 4 && pl.iters(4) <= 3) return 4;
+  if (pl.base >= 16 && pl.base < 64) {
+    const int64_t one_wave = std::max<int64_t>(1, pl.cu / pl.base);
+    const int64_t target_waves = pl.iters(one_wave) <= 9 ? 1 : 2;
+    splits = std::min(splits, std::max<int64_t>(1, target_waves * pl.cu / pl.base));
+  }
+  if (pl.base >= 16 && splits > 1) splits = pl.shrink_equivalent(splits);
+  return static_cast<int32_t>(splits);
+}
+
+int32_t plan_sm90_tuned(const PlanShape& shape) {
+  // Placeholder policy: the reference with the caller's CU (132 on the H200). To be re-tuned by
+  // measurement on the specialised kernels (SPEC 4.4); it must stay in [1, 32].
+  check_shape("plan_sm90_tuned", shape);
+  return plan_specialised_ref(shape);
+}
+
+int32_t adaptive_one_wave(const PlanShape& shape, int32_t splits) {
+  check_shape("adaptive_one_wave", shape);
+  SPARSEMLA_CHECK_ARG(splits >= 1, "adaptive_one_wave", "splits", ">= 1", splits);
+  const Planner pl(shape);
+  if (pl.base >= 16 && pl.base < 64) {
+    return static_cast<int32_t>(std::max<int64_t>(1, pl.cu / pl.base));
+  }
+  return splits;
+}
+
+int32_t adaptive_active_splits(int64_t len_main, int64_t len_extra, int32_t splits,
+                               int32_t one_wave) {
+  const char* op = "adaptive_active_splits";
+  SPARSEMLA_CHECK_ARG(len_main >= 0, op, "len_main", ">= 0", len_main);
+  SPARSEMLA_CHECK_ARG(len_extra >= 0, op, "len_extra", ">= 0", len_extra);
+  SPARSEMLA_CHECK_ARG(splits >= 1, op, "splits", ">= 1", splits);
+  SPARSEMLA_CHECK_ARG(one_wave >= 1, op, "one_wave", ">= 1", one_wave);
+  const auto blocks_with = [&](int64_t pieces) {
+    const int64_t keys_per_piece = pieces * kPlanKeyBlock;
+    return ceil_div(len_main, keys_per_piece) + ceil_div(len_extra, keys_per_piece);
+  };
+  int32_t work = splits;
+  if (one_wave > 4 && one_wave < splits && blocks_with(one_wave) <= 3) work = one_wave;
+  if (blocks_with(4) <= 3) work = 4;
+  return std::min(work, splits);
+}
+
 }  // namespace sparsemla

@@ -37,7 +37,9 @@ std::vector<double> rope_frequencies(const RopeConfig& cfg) {
 }
 }  // namespace
 
-RopeConfig rope_config_window_layer() { return RopeConfig{}; }
+RopeConfig rope_config_window_layer() {
+  return RopeConfig{};
+}
 
 RopeConfig rope_config_compressed_layer() {
   RopeConfig c;

@@ -8,7 +8,9 @@
 namespace sparsemla::core {
 
 namespace {
-std::string field(const char* arg, const char* name) { return std::string(arg) + "." + name; }
+std::string field(const char* arg, const char* name) {
+  return std::string(arg) + "." + name;
+}
 }  // namespace
 
 void check_nonneg(const char* op, const char* arg, int64_t v) {
@@ -41,7 +43,8 @@ void check_indexer_cache(const char* op, const char* arg, const IndexerCacheView
 }
 
 void check_rope(const char* op, const char* arg, const RopeTable& r) {
-  SPARSEMLA_CHECK_ARG(r.data != nullptr, op, field(arg, "data"), "a non-null cos/sin table", "null");
+  SPARSEMLA_CHECK_ARG(r.data != nullptr, op, field(arg, "data"), "a non-null cos/sin table",
+                      "null");
   SPARSEMLA_CHECK_ARG(r.rows >= 1, op, field(arg, "rows"), ">= 1", r.rows);
   SPARSEMLA_CHECK_ARG(r.row_stride >= 64, op, field(arg, "row_stride"), ">= 64", r.row_stride);
 }

@@ -29,4 +29,11 @@ void validate(const WindowListParams& p);
 void validate(const TopkListParams& p);
 void validate(const CompressedAllListParams& p);
 
+// Host-data checks of the list builders (request_index in range, positions >= 0 for valid rows),
+// which read the row inputs: the CPU backend runs them before writing anything.
+void validate_rows(const DenseToRaggedParams& p);
+void validate_rows(const WindowListParams& p);
+void validate_rows(const TopkListParams& p);
+void validate_rows(const CompressedAllListParams& p);
+
 }  // namespace sparsemla::core

@@ -2,5 +2,7 @@
 #include "core/validate.h"
 #include "sparsemla/error.h"
 namespace sparsemla::core {
-void validate(const DecodeParams&) { throw Error("not implemented"); }
+void validate(const DecodeParams&) {
+  throw Error("not implemented");
+}
 }  // namespace sparsemla::core

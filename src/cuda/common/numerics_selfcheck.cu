@@ -11,7 +11,8 @@
 namespace sparsemla::cuda {
 
 namespace {
-__global__ void codec_table_kernel(float* e4m3_values, uint8_t* e4m3_roundtrip, float* ue8m0_values) {
+__global__ void codec_table_kernel(float* e4m3_values, uint8_t* e4m3_roundtrip,
+                                   float* ue8m0_values) {
   const int i = threadIdx.x;  // 256 threads
   const float v = e4m3_to_float(static_cast<uint8_t>(i));
   e4m3_values[i] = v;

@@ -1,0 +1,67 @@
+// The SPEC 9 accuracy contract (see include/sparsemla/verify.h for the argument).
+#include "sparsemla/verify.h"
+
+#include <cmath>
+#include <cstdio>
+
+namespace sparsemla {
+
+namespace {
+constexpr double kAbsTol = 1e-3;
+constexpr double kRelTol = 2.01 / 128.0;  // two bf16 ulps (8 mantissa bits)
+constexpr double kCosTol = 5e-6;
+
+bool same_special(double a, double b) {
+  if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
+  if (std::isinf(a) || std::isinf(b)) return a == b;
+  return true;
+}
+}  // namespace
+
+std::string VerifyResult::summary() const {
+  char buf[256];
+  std::snprintf(buf, sizeof(buf),
+                "%s: %lld elements, max abs err %.3g, cos diff %.3g, %lld special mismatches, %lld "
+                "out of tolerance",
+                passed ? "PASS" : "FAIL", static_cast<long long>(elements), max_abs_error,
+                cosine_diff, static_cast<long long>(special_mismatches),
+                static_cast<long long>(tolerance_failures));
+  return buf;
+}
+
+VerifyResult verify_decode_output(const bf16_bits* out, int64_t num_tokens, int32_t num_heads,
+                                  int64_t out_stride_token, int64_t out_stride_head,
+                                  const double* ref) {
+  VerifyResult r;
+  double dot = 0.0, norms = 0.0, ref_sq = 0.0;
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    for (int32_t h = 0; h < num_heads; ++h) {
+      const bf16_bits* o = out + t * out_stride_token + h * out_stride_head;
+      const double* e = ref + (t * num_heads + h) * 512;
+      for (int d = 0; d < 512; ++d, ++r.elements) {
+        const double a = bf16_to_float(o[d]), b = e[d];
+        const int64_t flat = (t * num_heads + h) * 512 + d;
+        if (!same_special(a, b)) {
+          ++r.special_mismatches;
+          if (r.first_bad < 0) r.first_bad = flat;
+          continue;
+        }
+        if (!std::isfinite(a)) continue;
+        const double diff = std::fabs(a - b);
+        r.max_abs_error = std::fmax(r.max_abs_error, diff);
+        if (!(diff < kAbsTol || diff / (std::fabs(b) + 1e-6) < kRelTol)) {
+          ++r.tolerance_failures;
+          if (r.first_bad < 0) r.first_bad = flat;
+        }
+        dot += a * b;
+        norms += a * a + b * b;
+        ref_sq += b * b;
+      }
+    }
+  }
+  r.cosine_diff = (ref_sq < 1e-12 || norms == 0.0) ? 0.0 : 1.0 - 2.0 * dot / norms;
+  r.passed = r.special_mismatches == 0 && r.tolerance_failures == 0 && r.cosine_diff <= kCosTol;
+  return r;
+}
+
+}  // namespace sparsemla
