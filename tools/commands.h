@@ -7,4 +7,5 @@ namespace sparsemla::tools {
 void register_format(CLI::App& app);     // sparsemla format
 void register_selfcheck(CLI::App& app);  // sparsemla selfcheck
 void register_run(CLI::App& app);        // sparsemla run
+void register_bench(CLI::App& app);      // sparsemla bench
 }  // namespace sparsemla::tools

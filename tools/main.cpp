@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   sparsemla::tools::register_format(app);
   sparsemla::tools::register_selfcheck(app);
   sparsemla::tools::register_run(app);
+  sparsemla::tools::register_bench(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

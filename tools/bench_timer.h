@@ -1,0 +1,30 @@
+// tools/bench_timer.h: timing one decode call of a Problem on a path (used by `sparsemla bench`).
+#pragma once
+
+#include <vector>
+
+#include "problem.h"
+
+namespace sparsemla::tools {
+
+struct TimingOptions {
+  int32_t warmup = 10;
+  int32_t reps = 100;
+  int64_t flush_bytes = int64_t{512} << 20;  // written before every timed call: cold L2 (GPU)
+  bool graph = true;                         // time CUDA-graph replays of one whole call
+};
+
+struct Timing {
+  Path path = Path::Cpu;
+  int32_t splits = 1;
+  std::vector<double> seconds;  // sorted
+  std::vector<bf16_bits> out;   // output of the last call, host copy
+  double median() const { return seconds[seconds.size() / 2]; }
+  double quantile(double q) const { return seconds[static_cast<size_t>(q * (seconds.size() - 1))]; }
+};
+
+Timing time_decode_cpu(const Problem& pb, const TimingOptions& o);
+// CUDA builds only (throws otherwise): events around graph replays, L2 flushed before each.
+Timing time_decode_cuda(const Problem& pb, Path path, const TimingOptions& o);
+
+}  // namespace sparsemla::tools

@@ -1,0 +1,128 @@
+// sparsemla bench: the standard shapes of SPEC 10 on every requested path, one table, optional JSON.
+// Numbers: median of `reps` timed calls (GPU: CUDA-graph replays with a cold L2), p10..p90 spread,
+// TFLOP/s (2*H*N*1024 per query row), GB/s (584 B per attended key + indices + q/out), and the
+// fraction of the roofline floor max(bytes / 4.3 TB/s, flops / 790 TFLOP/s) measured on the H200.
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "bench_problem.h"
+#include "bench_timer.h"
+#include "commands.h"
+#include "runner.h"
+
+namespace sparsemla::tools {
+
+namespace {
+
+constexpr double kPeakBytesPerSecond = 4.3e12;  // H200 device copy, measured
+constexpr double kPeakFlops = 790e12;            // H200 dense bf16, measured
+
+struct BenchOptions {
+  std::vector<std::string> shapes;
+  std::vector<int64_t> batches{1, 8, 32, 128};
+  std::vector<std::string> paths;
+  TimingOptions timing;
+  int64_t verify_max_batch = 8;
+  std::string json;
+  uint64_t seed = 7;
+};
+
+std::vector<Path> bench_paths(const BenchOptions& o) {
+  std::vector<Path> paths;
+  for (const auto& s : o.paths) paths.push_back(parse_path(s));
+  if (paths.empty()) {
+    if (cuda_device_available()) paths = {Path::CudaGeneric, Path::CudaSm90};
+    else paths = {Path::Cpu};
+  }
+  return paths;
+}
+
+std::string verify_cell(const Problem& pb, const Timing& t, int64_t max_batch) {
+  if (pb.config.batch > max_batch) return "-";
+  std::vector<double> ref(t.out.size());
+  DecodeParams rp = pb.params();
+  rp.path = t.path;
+  sparse_decode_reference(rp, ref.data(), nullptr);
+  const VerifyResult v = verify_decode_output(t.out.data(), pb.tokens, pb.heads,
+                                              int64_t{pb.heads} * 512, 512, ref.data());
+  return v.passed ? "PASS" : "FAIL";
+}
+
+void print_header() {
+  std::printf("%-11s %4s %5s %8s %-12s %3s %10s %17s %8s %8s %9s %6s %s\n", "shape", "H", "B",
+              "keys/row", "path", "S", "median_us", "p10..p90_us", "TFLOP/s", "GB/s", "floor_us",
+              "%floor", "verify");
+}
+
+int bench_main(const BenchOptions& o) {
+  std::vector<BenchShape> shapes;
+  if (o.shapes.empty()) shapes = standard_bench_shapes();
+  for (const auto& n : o.shapes) shapes.push_back(bench_shape(n));
+  const std::vector<Path> paths = bench_paths(o);
+  nlohmann::json results = nlohmann::json::array();
+  print_header();
+  int failures = 0;
+  for (const auto& shape : shapes) {
+    for (int64_t batch : o.batches) {
+      const Problem pb = build_bench_problem(shape, batch, o.seed);
+      const double flops = pb.flops(), bytes = pb.bytes();
+      const double floor_s = std::max(bytes / kPeakBytesPerSecond, flops / kPeakFlops);
+      for (Path path : paths) {
+        Timing t;
+        try {
+          t = path == Path::Cpu ? time_decode_cpu(pb, o.timing) : time_decode_cuda(pb, path, o.timing);
+        } catch (const Error& e) {
+          std::printf("%-11s %4d %5lld %8s %-12s skipped: %s\n", shape.name.c_str(), shape.heads,
+                      static_cast<long long>(batch), "", path_name(path), e.what());
+          continue;
+        }
+        const std::string verdict = verify_cell(pb, t, o.verify_max_batch);
+        failures += verdict == "FAIL";
+        const double med = t.median();
+        std::printf("%-11s %4d %5lld %8.1f %-12s %3d %10.2f %8.2f..%-8.2f %8.2f %8.1f %9.2f %5.1f%% %s\n",
+                    shape.name.c_str(), shape.heads, static_cast<long long>(batch),
+                    static_cast<double>(pb.attended_keys) / pb.tokens, path_name(t.path), t.splits,
+                    med * 1e6, t.quantile(0.1) * 1e6, t.quantile(0.9) * 1e6, flops / med * 1e-12,
+                    bytes / med * 1e-9, floor_s * 1e6, 100.0 * floor_s / med, verdict.c_str());
+        std::fflush(stdout);
+        results.push_back({{"shape", shape.name}, {"heads", shape.heads}, {"batch", batch},
+                           {"mtp", shape.mtp}, {"path", path_name(t.path)}, {"splits", t.splits},
+                           {"median_us", med * 1e6}, {"p10_us", t.quantile(0.1) * 1e6},
+                           {"p90_us", t.quantile(0.9) * 1e6}, {"tflops", flops / med * 1e-12},
+                           {"gbps", bytes / med * 1e-9}, {"floor_us", floor_s * 1e6},
+                           {"floor_fraction", floor_s / med}, {"verify", verdict}});
+      }
+    }
+  }
+  if (!o.json.empty()) std::ofstream(o.json) << results.dump(2) << "\n";
+  return failures == 0 ? 0 : 3;
+}
+
+}  // namespace
+
+void register_bench(CLI::App& app) {
+  static BenchOptions o;
+  auto* cmd = app.add_subcommand("bench", "Time the decode at the standard shapes (SPEC 10)");
+  cmd->add_option("--shapes", o.shapes, "shape names (default: all standard shapes)")->delimiter(',');
+  cmd->add_option("--batches", o.batches, "batch sizes")->delimiter(',');
+  cmd->add_option("--paths", o.paths, "paths: cpu, cuda-generic, cuda-sm90 (default: GPU paths if a "
+                                      "GPU is present, else cpu)")
+      ->delimiter(',');
+  cmd->add_option("--reps", o.timing.reps, "timed calls per cell")->check(CLI::Range(1, 100000));
+  cmd->add_option("--warmup", o.timing.warmup, "untimed calls first")->check(CLI::Range(0, 100000));
+  cmd->add_option("--flush-mb", o.timing.flush_bytes, "bytes written before each GPU call (MiB)")
+      ->transform([](std::string s) { return std::to_string(std::stoll(s) << 20); });
+  cmd->add_flag("!--no-graph", o.timing.graph, "launch directly instead of replaying a CUDA graph");
+  cmd->add_option("--verify-max-batch", o.verify_max_batch,
+                  "verify against the float64 reference up to this batch");
+  cmd->add_option("--json", o.json, "write all results as JSON to this file");
+  cmd->add_option("--seed", o.seed, "random seed");
+  cmd->callback([] {
+    const int rc = bench_main(o);
+    if (rc != 0) throw CLI::RuntimeError(rc);
+  });
+}
+
+}  // namespace sparsemla::tools

@@ -1,0 +1,64 @@
+// tools/device_mirror.h: device copies of a host Problem (CUDA builds only).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "problem.h"
+
+namespace sparsemla::tools {
+
+inline void cuda_check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess)
+    throw Error(std::string("CUDA error in ") + what + ": " + cudaGetErrorString(e));
+}
+
+// Owns device allocations; frees them on scope exit.
+class DeviceArena {
+ public:
+  DeviceArena() = default;
+  DeviceArena(const DeviceArena&) = delete;
+  DeviceArena& operator=(const DeviceArena&) = delete;
+  ~DeviceArena() {
+    for (void* p : ptrs_) cudaFree(p);
+  }
+  template <typename T>
+  T* copy(const std::vector<T>& v) {
+    T* d = alloc<T>(v.size());
+    cuda_check(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy");
+    return d;
+  }
+  template <typename T>
+  T* alloc(size_t n) {
+    void* d = nullptr;
+    cuda_check(cudaMalloc(&d, std::max<size_t>(n, 1) * sizeof(T)), "cudaMalloc");
+    ptrs_.push_back(d);
+    return static_cast<T*>(d);
+  }
+
+ private:
+  std::vector<void*> ptrs_;
+};
+
+// DecodeParams whose pointers are device copies of the problem's host buffers (out not set).
+inline DecodeParams mirror_problem(const Problem& pb, DeviceArena& a) {
+  DecodeParams p = pb.params();
+  p.q = a.copy(pb.q);
+  p.main_cache.base = a.copy(pb.window_cache.bytes);
+  p.main_list.indices = a.copy(pb.main_list.indices);
+  p.main_list.indptr = a.copy(pb.main_list.indptr);
+  if (p.has_extra) {
+    p.extra_cache.base = a.copy(pb.compressed_cache.bytes);
+    p.extra_list.indices = a.copy(pb.extra_list.indices);
+    p.extra_list.indptr = a.copy(pb.extra_list.indptr);
+  }
+  p.sink = a.copy(pb.sink);
+  p.positions = a.copy(pb.positions);
+  p.rope.data = a.copy(pb.rope);
+  return p;
+}
+
+}  // namespace sparsemla::tools
