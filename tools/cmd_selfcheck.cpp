@@ -167,7 +167,8 @@ std::vector<CheckRow> check_window(const WindowCase& c) {
       float amax = 0;
       for (int i = 0; i < 64; ++i) amax = std::max(amax, std::fabs(bf16_value(x[tile * 64 + i])));
       const int e = tile_exponent(amax);
-      codes.max_error = std::max(codes.max_error, std::fabs(double{scale[tile]} - (e + 127)));
+      codes.max_error =
+          std::max(codes.max_error, std::fabs(static_cast<double>(scale[tile]) - (e + 127)));
       for (int i = 0; i < 64; ++i) {
         const int d = tile * 64 + i;
         const double xv = bf16_value(x[d]);
@@ -178,7 +179,7 @@ std::vector<CheckRow> check_window(const WindowCase& c) {
         nope.max_error = std::max(nope.max_error, err);
       }
     }
-    codes.max_error = std::max(codes.max_error, double{scale[7]});  // pad byte 0
+    codes.max_error = std::max(codes.max_error, static_cast<double>(scale[7]));  // pad byte 0
     const float* cs = c.table.data() + c.positions[t] * 64;
     for (int k = 0; k < 32; ++k) {
       const float a = bf16_value(x[448 + 2 * k]), b = bf16_value(x[449 + 2 * k]);

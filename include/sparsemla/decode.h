@@ -63,17 +63,20 @@ size_t decode_workspace_size(int64_t num_tokens, int32_t num_heads, int32_t num_
 // The split count the call will use (the planner of the chosen path when p.num_splits == 0).
 int32_t decode_num_splits(const DecodeParams& p);
 
-// Whether the path can run the call; on false `why` (if given) says which input is unsupported.
+// Whether the path can run the call; on false `why` (if given) says which input is unsupported
+// (the full validation message; valid until the next call on this thread), on true it is null.
 bool decode_is_supported(const DecodeParams& p, const char** why = nullptr);
 
 // Runs the decode. workspace may be null only when the chosen S is 1.
 void sparse_decode(const DecodeParams& p, void* workspace, size_t workspace_bytes);
 
 // Reference: float64 on the dequantised cache (scrub decisions as the kernels), no bf16 rounding of
-// probabilities; writes fp64 out [T, H, 512] (contiguous) and lse [T, H] (or null). CPU pointers.
+// probabilities; writes fp64 out [T, H, 512] (contiguous) and lse [T, H] (or null) instead of
+// p.out / p.lse (ignored). CPU pointers.
 void sparse_decode_reference(const DecodeParams& p, double* out, double* lse);
 
-// Standalone inverse RoPE on a bf16 [T, H, 512] tensor in place (dims 448..511, from bf16 values).
+// Standalone inverse RoPE on a bf16 [T, H, 512] tensor in place (dims 448..511, from bf16 values,
+// fp32 rotation, one bf16 rounding). Strides in elements; stride_token 0: H*512.
 void inverse_rope_inplace(bf16_bits* x, int64_t num_tokens, int32_t num_heads, int64_t stride_token,
                           int64_t stride_head, const int64_t* positions, const RopeTable& rope,
                           Path path = Path::Auto, void* stream = nullptr);

@@ -18,10 +18,12 @@ void check_nonneg(const char* op, const char* arg, int64_t v);
 
 // Per operation (src/core/validate_writers.cpp, validate_gather.cpp, validate_decode.cpp,
 // validate_lists.cpp).
-void validate(const WindowWriterParams& p);
-void validate(const StateWriterParams& p);
-void validate(const CompressorParams& p);
-void validate(const IndexerCompressorParams& p);
+// Writers: host_data = false skips the per-token checks that read slots, positions, request
+// indices and block tables (device pointers on the CUDA paths; the kernels skip bad tokens).
+void validate(const WindowWriterParams& p, bool host_data = true);
+void validate(const StateWriterParams& p, bool host_data = true);
+void validate(const CompressorParams& p, bool host_data = true);
+void validate(const IndexerCompressorParams& p, bool host_data = true);
 void validate(const GatherParams& p);
 void validate(const DecodeParams& p);
 void validate(const DenseToRaggedParams& p);
@@ -35,5 +37,18 @@ void validate_rows(const DenseToRaggedParams& p);
 void validate_rows(const WindowListParams& p);
 void validate_rows(const TopkListParams& p);
 void validate_rows(const CompressedAllListParams& p);
+
+// Decode (src/core/validate_decode.cpp). validate(DecodeParams) checks shapes, pointers and
+// strides under the name "sparse_decode"; validate_decode does the same under another name, and
+// without out/lse when check_outputs is false (the reference writes its own arrays).
+// validate_decode_host_data reads the host lists and positions (indptr[0] >= 0,
+// non-decreasing, indptr[T] <= capacity; positions in [0, rope.rows)): the CPU path and the
+// reference run it before reading anything else.
+void validate_decode(const char* op, const DecodeParams& p, bool check_outputs = true);
+void validate_decode_host_data(const char* op, const DecodeParams& p);
+// The standalone inverse RoPE; host_data: also checks every position against the table.
+void validate_inverse_rope(const bf16_bits* x, int64_t num_tokens, int32_t num_heads,
+                           int64_t stride_token, int64_t stride_head, const int64_t* positions,
+                           const RopeTable& rope, bool host_data);
 
 }  // namespace sparsemla::core

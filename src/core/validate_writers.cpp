@@ -109,7 +109,7 @@ void check_compressor_tokens(const char* op, const Params& p, int32_t ratio, int
 
 }  // namespace
 
-void validate(const WindowWriterParams& p) {
+void validate(const WindowWriterParams& p, bool host_data) {
   constexpr const char* kOp = "write_window";
   check_nonneg(kOp, "num_tokens", p.num_tokens);
   SPARSEMLA_CHECK_ARG(p.kv_stride >= Fp8DsMla::kHeadDim, kOp, "kv_stride", ">= 512", p.kv_stride);
@@ -120,6 +120,7 @@ void validate(const WindowWriterParams& p) {
   }
   check_rope(kOp, "rope", p.rope);
   check_cache(kOp, "cache", p.cache.as_const());
+  if (!host_data) return;
   const int64_t capacity = p.cache.num_blocks * int64_t{p.cache.block_size};
   for (int64_t i = 0; i < p.num_tokens; ++i) {
     if (p.slots[i] < 0) continue;  // skipped: its position is never read
@@ -128,7 +129,7 @@ void validate(const WindowWriterParams& p) {
   }
 }
 
-void validate(const StateWriterParams& p) {
+void validate(const StateWriterParams& p, bool host_data) {
   constexpr const char* kOp = "write_compressor_state";
   check_nonneg(kOp, "num_tokens", p.num_tokens);
   check_ratio(kOp, p.ratio);
@@ -147,6 +148,7 @@ void validate(const StateWriterParams& p) {
     SPARSEMLA_CHECK_PTR(p.state_slots, kOp, "state_slots");
   }
   check_state(kOp, "state", p.state, 2 * width);
+  if (!host_data) return;
   const int64_t capacity = p.state.num_blocks * int64_t{p.state.block_size};
   for (int64_t i = 0; i < p.num_tokens; ++i) {
     if (p.state_slots[i] < 0) continue;
@@ -156,15 +158,17 @@ void validate(const StateWriterParams& p) {
   }
 }
 
-void validate(const CompressorParams& p) {
+void validate(const CompressorParams& p, bool host_data) {
   constexpr const char* kOp = "compress";
   check_ratio(kOp, p.ratio);
   check_compressor_common(kOp, p, p.ratio, Fp8DsMla::kHeadDim);
   check_cache(kOp, "cache", p.cache.as_const());
-  check_compressor_tokens(kOp, p, p.ratio, p.cache.num_blocks * int64_t{p.cache.block_size});
+  if (host_data) {
+    check_compressor_tokens(kOp, p, p.ratio, p.cache.num_blocks * int64_t{p.cache.block_size});
+  }
 }
 
-void validate(const IndexerCompressorParams& p) {
+void validate(const IndexerCompressorParams& p, bool host_data) {
   constexpr const char* kOp = "compress_indexer";
   constexpr int32_t kRatio = 4;
   check_compressor_common(kOp, p, kRatio, IndexerFp8::kHeadDim);
@@ -172,7 +176,9 @@ void validate(const IndexerCompressorParams& p) {
   SPARSEMLA_CHECK_ARG(p.cache.layout == IndexerLayout::Normal, kOp, "cache.layout",
                       "Normal (the indexer compressor writes the NORMAL layout)",
                       static_cast<int>(p.cache.layout));
-  check_compressor_tokens(kOp, p, kRatio, p.cache.num_blocks * int64_t{p.cache.block_size});
+  if (host_data) {
+    check_compressor_tokens(kOp, p, kRatio, p.cache.num_blocks * int64_t{p.cache.block_size});
+  }
 }
 
 }  // namespace sparsemla::core

@@ -1,6 +1,128 @@
-// PLACEHOLDER (to be replaced by its owner): throws so nothing silently succeeds.
+// The float64 reference of the sparse decode (SPEC 4.2, 4.3a): one softmax over the valid keys of
+// main row t then extra row t, the sink, exact zeros for rows without mass, lse without the sink
+// and the fused inverse RoPE (SPEC 1), all on the dequantised cache with the kernels' scrub
+// decisions. No bf16 rounding anywhere: it is the oracle the fast CPU and GPU paths are held to.
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "core/validate.h"
+#include "cpu/decode_common.h"
+#include "cpu/row_decode.h"
 #include "sparsemla/decode.h"
 #include "sparsemla/error.h"
+
 namespace sparsemla {
-void sparse_decode_reference(const DecodeParams&, double*, double*) { throw Error("not implemented"); }
+
+namespace {
+
+constexpr int kDim = Fp8DsMla::kHeadDim;
+constexpr int kNope = Fp8DsMla::kNopeDims;
+constexpr int kPairs = Fp8DsMla::kRopeDims / 2;
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// The valid keys of one query row, decoded to double: [count, 512], main then extra, duplicates kept.
+struct RowKeys {
+  std::vector<double> values;
+  int64_t count = 0;
+};
+
+void append_keys(const CacheView& cache, const RaggedList& list, int64_t t, bool scrub,
+                 RowKeys& keys) {
+  const cpu::ListRow row = cpu::list_row(list, t);
+  float decoded[kDim];
+  for (int64_t j = 0; j < row.length; ++j) {
+    const int64_t slot = row.indices[j];
+    if (!slot_is_valid(slot, cache.num_blocks, cache.block_size)) continue;  // contributes nothing
+    cpu::decode_row_f32(cache, slot, scrub, decoded);
+    keys.values.insert(keys.values.end(), decoded, decoded + kDim);  // fp32 -> double: exact
+    ++keys.count;
+  }
+}
+
+RowKeys gather_row_keys(const DecodeParams& p, int64_t t) {
+  RowKeys keys;
+  append_keys(p.main_cache, p.main_list, t, /*scrub=*/true, keys);  // window cache: always
+  if (p.has_extra) append_keys(p.extra_cache, p.extra_list, t, cpu::decode_scrubs_extra(p), keys);
+  return keys;
+}
+
+// Inverse rotation of dims 448..511 at `pos` (SPEC 1): a' = a*c + b*s, b' = b*c - a*s.
+void rotate_back(double* o, const RopeTable& rope, int64_t pos) {
+  const float* row = rope.data + pos * rope.row_stride;
+  for (int k = 0; k < kPairs; ++k) {
+    const double c = row[k], s = row[kPairs + k];
+    const double a = o[kNope + 2 * k], b = o[kNope + 2 * k + 1];
+    o[kNope + 2 * k] = a * c + b * s;
+    o[kNope + 2 * k + 1] = b * c - a * s;
+  }
+}
+
+// One (t, h): o = sum_j e^(z_j - m) K_j / (sum_j e^(z_j - m) + e^(sink - m)), 0 unless den > 0.
+void reference_head(const DecodeParams& p, const RowKeys& keys, int64_t t, int32_t h, double* o,
+                    double* lse) {
+  const bf16_bits* qh = p.q + t * (p.q_stride_token != 0 ? p.q_stride_token : p.num_heads * kDim) +
+                        h * p.q_stride_head;
+  double q[kDim];
+  for (int d = 0; d < kDim; ++d) q[d] = bf16_to_float(qh[d]);
+
+  std::vector<double> z(keys.count);
+  double zmax = -kInf;
+  for (int64_t j = 0; j < keys.count; ++j) {
+    const double* k = &keys.values[j * kDim];
+    double dot = 0.0;
+    for (int d = 0; d < kDim; ++d) dot += q[d] * k[d];
+    z[j] = static_cast<double>(p.scale) * dot;
+    if (z[j] > zmax) zmax = z[j];  // NaN scores do not move the max (as fmax)
+  }
+
+  // lse over the valid keys only, without the sink; +inf for a row without keys.
+  if (lse != nullptr) {
+    double sum = 0.0;
+    for (double zj : z) sum += std::exp(zj - zmax);
+    *lse = keys.count > 0 ? zmax + std::log(sum) : kInf;
+  }
+
+  for (int d = 0; d < kDim; ++d) o[d] = 0.0;
+  if (keys.count == 0) return;  // exact 0, with or without sink
+  const bool has_sink = p.sink != nullptr;
+  const double sink = has_sink ? static_cast<double>(p.sink[h]) : 0.0;
+  const double m = (has_sink && sink > zmax) ? sink : zmax;
+  double den = has_sink ? std::exp(sink - m) : 0.0;  // sink = +inf: inf - inf = NaN -> not > 0
+  for (int64_t j = 0; j < keys.count; ++j) {
+    const double w = std::exp(z[j] - m);
+    den += w;
+    const double* k = &keys.values[j * kDim];
+    for (int d = 0; d < kDim; ++d) o[d] += w * k[d];
+  }
+  if (!(den > 0.0)) {
+    for (int d = 0; d < kDim; ++d) o[d] = 0.0;
+    return;
+  }
+  for (int d = 0; d < kDim; ++d) o[d] /= den;
+  if (p.positions != nullptr) rotate_back(o, p.rope, p.positions[t]);
+}
+
+}  // namespace
+
+void sparse_decode_reference(const DecodeParams& p, double* out, double* lse) {
+  const char* op = "sparse_decode_reference";
+  core::validate_decode(op, p, /*check_outputs=*/false);  // writes `out` and `lse` below instead
+  core::validate_decode_host_data(op, p);
+  if (p.num_tokens == 0) return;
+  SPARSEMLA_CHECK_PTR(out, op, "out (fp64 [T, H, 512])");
+  const int32_t H = p.num_heads;
+  for (int64_t t = 0; t < p.num_tokens; ++t) {
+    const RowKeys keys = gather_row_keys(p, t);  // decoded once, shared by every head
+#if defined(SPARSEMLA_HAVE_OPENMP)
+#pragma omp parallel for schedule(static)
+#endif
+    for (int32_t h = 0; h < H; ++h) {
+      const int64_t row = t * H + h;
+      reference_head(p, keys, t, h, out + row * kDim, lse != nullptr ? lse + row : nullptr);
+    }
+  }
+}
+
 }  // namespace sparsemla

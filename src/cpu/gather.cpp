@@ -1,4 +1,4 @@
-// The CPU indexer-key gather (SPEC 6): paged indexer cache -> contiguous k_fp8 [N, 128] + k_scale [N].
+// The CPU indexer-key gather (SPEC 6): paged indexer cache -> k_fp8 [N, 128] + k_scale [N].
 #include <cstdint>
 #include <cstring>
 
@@ -9,7 +9,7 @@ namespace sparsemla::cpu {
 
 namespace {
 
-constexpr int kDims = IndexerFp8::kValueBytes;  // 128
+constexpr int kDims = IndexerFp8::kValueBytes;   // 128
 constexpr int kTile = IndexerFp8::kShuffleTile;  // 16
 
 // Copies the 128 value bytes of row p of a page into dst.
@@ -20,7 +20,8 @@ void copy_value_row(const uint8_t* page, IndexerLayout layout, int32_t p, uint8_
   }
   // SHUFFLE: the row is 8 runs of 16 contiguous bytes, one per 16x16 tile (dims 16j..16j+15).
   const uint8_t* row = page + indexer_value_offset_in_page(layout, p, 0);
-  for (int j = 0; j < kDims / kTile; ++j) std::memcpy(dst + j * kTile, row + j * kTile * kTile, kTile);
+  for (int j = 0; j < kDims / kTile; ++j)
+    std::memcpy(dst + j * kTile, row + j * kTile * kTile, kTile);
 }
 
 // Page base of the valid token at output position o of sequence b, or nullptr for an invalid page.

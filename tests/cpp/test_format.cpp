@@ -2,6 +2,8 @@
 // a page written by write_window compared byte for byte with a page built by hand.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -15,11 +17,12 @@
 namespace sparsemla {
 namespace {
 
-// ---- the traits are consistent (compile-time) ----------------------------------------------------
+// ---- the traits are consistent (compile-time)
+// ----------------------------------------------------
 using F = Fp8DsMla;
 static_assert(F::kHeadDim == 512 && F::kNopeDims == 448 && F::kRopeDims == 64);
 static_assert(F::kNumTiles * F::kTileDims == F::kNopeDims);
-static_assert(F::kNopeBytes == F::kNopeDims);  // one e4m3 byte per NoPE dim
+static_assert(F::kNopeBytes == F::kNopeDims);      // one e4m3 byte per NoPE dim
 static_assert(F::kRopeBytes == 2 * F::kRopeDims);  // one bf16 per RoPE dim
 static_assert(F::kDataBytes == F::kNopeBytes + F::kRopeBytes && F::kDataBytes == 576);
 static_assert(F::kRopeOffset == F::kNopeBytes);
@@ -40,7 +43,8 @@ std::vector<int64_t> strides_for(int bs) {
   return {raw, (raw + 575) / 576 * 576, raw + 1000, raw + 3};
 }
 
-// ---- fp8_ds_mla offsets ---------------------------------------------------------------------------
+// ---- fp8_ds_mla offsets
+// ---------------------------------------------------------------------------
 
 TEST(CacheLayout, MlaOffsetsFollowSpecFormulasForAllPageSizesAndStrides) {
   for (int bs : kPageSizes) {
@@ -105,7 +109,8 @@ TEST(CacheLayout, OffsetsBeyond2To31AreInt64) {
   EXPECT_EQ(mla_data_offset(slot2, bs, stride), (int64_t{1} << 27) * stride + 3 * 576);
 }
 
-// ---- indexer offsets ------------------------------------------------------------------------------
+// ---- indexer offsets
+// ------------------------------------------------------------------------------
 
 TEST(CacheLayout, IndexerNormalAndShuffleOffsetsFollowSpecFormulas) {
   for (int bs : {16, 32, 64, 256}) {
@@ -129,7 +134,8 @@ TEST(CacheLayout, IndexerNormalAndShuffleOffsetsFollowSpecFormulas) {
   }
 }
 
-// ---- a page written by write_window, byte for byte -----------------------------------------------
+// ---- a page written by write_window, byte for byte
+// -----------------------------------------------
 
 // One token whose every stored byte is known in advance: NoPE values are e4m3 numbers times 2^e
 // with a +-448*2^e element in each tile (so the tile exponent is exactly e and the bytes are the
@@ -211,6 +217,49 @@ void place_token(std::vector<uint8_t>& image, const HandToken& t, int64_t slot, 
   scale[7] = 0;
 }
 
+// Four hand tokens at distinct positions of a 5-row table (row stride 70), in a kv buffer with a
+// padded row stride; token 2 has a negative slot, the others distinct random slots.
+struct HandBatch {
+  static constexpr int kTokens = 4;
+  static constexpr int64_t kRopeRows = 5, kRopeStride = 70, kKvStride = 520;
+  std::vector<HandToken> tokens;
+  std::vector<int64_t> positions, slots;
+  std::vector<float> table;
+  std::vector<bf16_bits> kv;
+};
+
+HandBatch make_hand_batch(test::Rng& rng, int64_t slots_total) {
+  HandBatch h;
+  // Rows not used by a token keep random values, so reading the wrong row shows.
+  h.table = test::random_f32(rng, HandBatch::kRopeRows * HandBatch::kRopeStride, 0.7);
+  std::vector<int64_t> row_order = {0, 1, 2, 3, 4};
+  std::shuffle(row_order.begin(), row_order.end(), rng.engine());
+  std::vector<int64_t> free_slots;
+  for (int64_t s = 0; s < slots_total; ++s) free_slots.push_back(s);
+  std::shuffle(free_slots.begin(), free_slots.end(), rng.engine());
+  size_t next_slot = 0;
+  for (int i = 0; i < HandBatch::kTokens; ++i) {
+    const int64_t pos = row_order[i];
+    float* row = h.table.data() + pos * HandBatch::kRopeStride;
+    int turns[32];
+    for (int k = 0; k < 32; ++k) {
+      turns[k] = static_cast<int>(rng.randint(0, 3));
+      row[k] = kCos[turns[k]];
+      row[32 + k] = kSin[turns[k]];
+    }
+    h.tokens.push_back(make_hand_token(rng, pos, turns));
+    h.positions.push_back(pos);
+    const bool skip = i == 2 || next_slot == free_slots.size();
+    h.slots.push_back(skip ? -1 - rng.randint(0, 1000) : free_slots[next_slot++]);
+  }
+  h.kv.assign(HandBatch::kTokens * HandBatch::kKvStride, float_to_bf16(12345.0f));  // junk gaps
+  for (int i = 0; i < HandBatch::kTokens; ++i) {
+    std::copy(h.tokens[i].kv.begin(), h.tokens[i].kv.end(),
+              h.kv.begin() + i * HandBatch::kKvStride);
+  }
+  return h;
+}
+
 TEST(WindowWriterLayout, PageMatchesHandBuiltFixtureByteForByte) {
   const uint64_t seed = test::fresh_seed();
   SPARSEMLA_SEED_TRACE(seed);
@@ -220,56 +269,21 @@ TEST(WindowWriterLayout, PageMatchesHandBuiltFixtureByteForByte) {
       for (bool sanitise : {false, true}) {
         SCOPED_TRACE("bs=" + std::to_string(bs) + " stride=" + std::to_string(stride) +
                      " sanitise=" + std::to_string(sanitise));
-        const int64_t num_blocks = 3, slots_total = num_blocks * bs;
+        const int64_t num_blocks = 3;
         const int64_t guard = 64;  // bytes past the cache that must stay untouched
-        // RoPE table: 5 rows of random values except the quarter-turn rows of the used positions.
-        const int64_t rope_rows = 5, rope_stride = 70;
-        std::vector<float> table = test::random_f32(rng, rope_rows * rope_stride, 0.7);
-        const int num_tokens = 4;
-        std::vector<HandToken> tokens;
-        std::vector<int64_t> positions, slots;
-        std::vector<int64_t> free_slots;
-        for (int64_t s = 0; s < slots_total; ++s) free_slots.push_back(s);
-        std::shuffle(free_slots.begin(), free_slots.end(), rng.engine());
-        for (int i = 0; i < num_tokens; ++i) {
-          int turns[32];
-          for (int& q : turns) q = static_cast<int>(rng.randint(0, 3));
-          const int64_t pos = rng.randint(0, rope_rows - 1);
-          for (int k = 0; k < 32; ++k) {
-            // Tokens that share a position share its row: reuse that row's turns.
-            if (i > 0 && std::find(positions.begin(), positions.end(), pos) != positions.end()) {
-              const float c = table[pos * rope_stride + k], s = table[pos * rope_stride + 32 + k];
-              turns[k] = c == 1 ? 0 : (s == 1 ? 1 : (c == -1 ? 2 : 3));
-            } else {
-              table[pos * rope_stride + k] = kCos[turns[k]];
-              table[pos * rope_stride + 32 + k] = kSin[turns[k]];
-            }
-          }
-          tokens.push_back(make_hand_token(rng, pos, turns));
-          positions.push_back(pos);
-          // Token 2 is skipped (negative slot) unless the page holds a single slot.
-          const bool skip = i == 2;
-          slots.push_back(skip ? -1 - rng.randint(0, 1000)
-                               : (static_cast<size_t>(i) < free_slots.size() ? free_slots[i] : -1));
-        }
-        std::vector<bf16_bits> kv;
-        const int64_t kv_stride = 520;
-        kv.assign(num_tokens * kv_stride, float_to_bf16(12345.0f));  // gaps hold junk
-        for (int i = 0; i < num_tokens; ++i)
-          std::copy(tokens[i].kv.begin(), tokens[i].kv.end(), kv.begin() + i * kv_stride);
-
+        HandBatch h = make_hand_batch(rng, num_blocks * bs);
         std::vector<uint8_t> cache = test::random_bytes(rng, num_blocks * stride + guard);
         std::vector<uint8_t> expected = cache;
-        for (int i = 0; i < num_tokens; ++i)
-          if (slots[i] >= 0) place_token(expected, tokens[i], slots[i], bs, stride);
-
+        for (int i = 0; i < HandBatch::kTokens; ++i) {
+          if (h.slots[i] >= 0) place_token(expected, h.tokens[i], h.slots[i], bs, stride);
+        }
         WindowWriterParams p;
-        p.num_tokens = num_tokens;
-        p.kv = kv.data();
-        p.kv_stride = kv_stride;
-        p.positions = positions.data();
-        p.slots = slots.data();
-        p.rope = {table.data(), rope_rows, rope_stride};
+        p.num_tokens = HandBatch::kTokens;
+        p.kv = h.kv.data();
+        p.kv_stride = HandBatch::kKvStride;
+        p.positions = h.positions.data();
+        p.slots = h.slots.data();
+        p.rope = {h.table.data(), HandBatch::kRopeRows, HandBatch::kRopeStride};
         p.cache = {cache.data(), num_blocks, bs, stride};
         p.sanitise = sanitise;
         p.path = Path::Cpu;

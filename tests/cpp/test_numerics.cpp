@@ -33,7 +33,8 @@ float float_of(uint32_t u) {
   return f;
 }
 
-// ---- the reference itself ------------------------------------------------------------------------
+// ---- the reference itself
+// ------------------------------------------------------------------------
 
 TEST(E4m3Reference, PinsKnownValues) {
   // Literal values of the OCP e4m3fn spec, so a mistake in the reference cannot hide.
@@ -55,7 +56,8 @@ TEST(E4m3Reference, PinsKnownValues) {
   for (int b = 1; b <= 0x7E; ++b) EXPECT_LT(e4m3_reference_value(b - 1), e4m3_reference_value(b));
 }
 
-// ---- e4m3 decode / encode ------------------------------------------------------------------------
+// ---- e4m3 decode / encode
+// ------------------------------------------------------------------------
 
 TEST(E4m3Codec, DecodesAll256BytesBitExact) {
   for (int b = 0; b < 256; ++b) {
@@ -114,13 +116,13 @@ TEST(E4m3Codec, SaturatesAt448AndKeepsNaNSign) {
 
 TEST(E4m3Codec, SubnormalsAndSignedZero) {
   const float two_m9 = std::ldexp(1.0f, -9), two_m10 = std::ldexp(1.0f, -10);
-  EXPECT_EQ(float_to_e4m3(two_m9), 0x01);                          // smallest subnormal
-  EXPECT_EQ(float_to_e4m3(two_m10), 0x00);                         // tie 0 / 2^-9 -> even 0
-  EXPECT_EQ(float_to_e4m3(-two_m10), 0x80);                        // sign kept
-  EXPECT_EQ(float_to_e4m3(std::nextafter(two_m10, 1.0f)), 0x01);   // above the tie
-  EXPECT_EQ(float_to_e4m3(3 * two_m10), 0x02);                     // tie 2^-9 / 2^-8 -> 2^-8
-  EXPECT_EQ(float_to_e4m3(5 * two_m10), 0x02);                     // tie 2^-8 / 3*2^-9 -> even
-  EXPECT_EQ(float_to_e4m3(15 * two_m10), 0x08);                    // tie 7*2^-9 / 2^-6 -> 2^-6
+  EXPECT_EQ(float_to_e4m3(two_m9), 0x01);                         // smallest subnormal
+  EXPECT_EQ(float_to_e4m3(two_m10), 0x00);                        // tie 0 / 2^-9 -> even 0
+  EXPECT_EQ(float_to_e4m3(-two_m10), 0x80);                       // sign kept
+  EXPECT_EQ(float_to_e4m3(std::nextafter(two_m10, 1.0f)), 0x01);  // above the tie
+  EXPECT_EQ(float_to_e4m3(3 * two_m10), 0x02);                    // tie 2^-9 / 2^-8 -> 2^-8
+  EXPECT_EQ(float_to_e4m3(5 * two_m10), 0x02);                    // tie 2^-8 / 3*2^-9 -> even
+  EXPECT_EQ(float_to_e4m3(15 * two_m10), 0x08);                   // tie 7*2^-9 / 2^-6 -> 2^-6
   EXPECT_EQ(float_to_e4m3(0.0f), 0x00);
   EXPECT_EQ(float_to_e4m3(-0.0f), 0x80);
   EXPECT_EQ(float_to_e4m3(std::numeric_limits<float>::denorm_min()), 0x00);
@@ -140,7 +142,8 @@ TEST(E4m3Codec, EncodeMatchesReferenceOnRandomFloats) {
   }
 }
 
-// ---- UE8M0 ---------------------------------------------------------------------------------------
+// ---- UE8M0
+// ---------------------------------------------------------------------------------------
 
 TEST(Ue8m0Codec, DecodesAll256CodesToFloat) {
   for (int c = 0; c < 256; ++c) {
@@ -165,7 +168,8 @@ TEST(Ue8m0Codec, DecodesAll256CodesToBf16) {
   EXPECT_EQ(ue8m0_to_bf16(255), 0x7F80);
 }
 
-// ---- bf16 ----------------------------------------------------------------------------------------
+// ---- bf16
+// ----------------------------------------------------------------------------------------
 
 // Independent bf16 RNE: pick the nearer of the two bf16 neighbours (by value, in double), ties to
 // the even one; the neighbour past the largest finite value stands for 2^128 and is +-inf.
@@ -195,13 +199,32 @@ void expect_bf16_matches(float f) {
 }
 
 TEST(Bf16Codec, RneMatchesReferenceOnCraftedFloats) {
-  const uint32_t crafted[] = {
-      0x00000000u, 0x80000000u, 0x3F800000u, 0x3F808000u /* tie, even down */,
-      0x3F818000u /* tie, odd: up */, 0x3F807FFFu, 0x3F808001u, 0x7F7FFFFFu /* FLT_MAX -> inf */,
-      0x7F7F8000u /* tie at the top: up to inf */, 0x7F7F7FFFu, 0x7F7F0000u, 0xFF7FFFFFu,
-      0x00000001u /* smallest subnormal */, 0x00008000u /* tie -> 0 */, 0x00018000u, 0x007FFFFFu,
-      0x7F800000u, 0xFF800000u, 0x7FC00000u, 0xFFC00000u, 0x7F800001u /* NaN, payload low only */,
-      0xFF800001u, 0x7FFFFFFFu, 0x3FFFFFFFu, 0xBF808000u, 0xBF818000u};
+  const uint32_t crafted[] = {0x00000000u,
+                              0x80000000u,
+                              0x3F800000u,
+                              0x3F808000u /* tie, even down */,
+                              0x3F818000u /* tie, odd: up */,
+                              0x3F807FFFu,
+                              0x3F808001u,
+                              0x7F7FFFFFu /* FLT_MAX -> inf */,
+                              0x7F7F8000u /* tie at the top: up to inf */,
+                              0x7F7F7FFFu,
+                              0x7F7F0000u,
+                              0xFF7FFFFFu,
+                              0x00000001u /* smallest subnormal */,
+                              0x00008000u /* tie -> 0 */,
+                              0x00018000u,
+                              0x007FFFFFu,
+                              0x7F800000u,
+                              0xFF800000u,
+                              0x7FC00000u,
+                              0xFFC00000u,
+                              0x7F800001u /* NaN, payload low only */,
+                              0xFF800001u,
+                              0x7FFFFFFFu,
+                              0x3FFFFFFFu,
+                              0xBF808000u,
+                              0xBF818000u};
   for (uint32_t u : crafted) expect_bf16_matches(float_of(u));
   EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(float_of(0x7F800001u)))));
   EXPECT_EQ(float_to_bf16(float_of(0x7F7FFFFFu)), 0x7F80);
@@ -232,7 +255,8 @@ TEST(Bf16Codec, RneMatchesReferenceOnRandomFloats) {
   }
 }
 
-// ---- the quantiser (SPEC 2.3) --------------------------------------------------------------------
+// ---- the quantiser (SPEC 2.3)
+// --------------------------------------------------------------------
 
 // Exact ceil(log2(amax / 448)) by integer reasoning: the smallest e with 448 * 2^e >= amax
 // (448 * 2^e and amax are exact in double).

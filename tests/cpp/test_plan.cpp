@@ -21,7 +21,9 @@ struct RefShape {
   long long t, hb, w_main, w_extra, cu;
 };
 
-long long ref_ceil(long long a, long long b) { return (a + b - 1) / b; }  // small values only
+long long ref_ceil(long long a, long long b) {
+  return (a + b - 1) / b;
+}  // small values only
 
 long long ref_iters(const RefShape& x, long long s) {
   long long it = 0;
@@ -29,8 +31,12 @@ long long ref_iters(const RefShape& x, long long s) {
   if (x.w_extra > 0) it += ref_ceil(ref_ceil(x.w_extra, s), 32);
   return it;
 }
-long long ref_base(const RefShape& x) { return std::max(1LL, x.t * x.hb); }
-long long ref_waves(const RefShape& x, long long s) { return ref_ceil(ref_base(x) * s, x.cu); }
+long long ref_base(const RefShape& x) {
+  return std::max(1LL, x.t * x.hb);
+}
+long long ref_waves(const RefShape& x, long long s) {
+  return ref_ceil(ref_base(x) * s, x.cu);
+}
 
 long long ref_shrink(const RefShape& x, long long best) {
   for (long long s = 1; s < best; ++s) {
@@ -98,8 +104,8 @@ struct Conformance {
 };
 
 std::string describe(const Conformance& c) {
-  return "(T=" + std::to_string(c.t) + ", hb=" + std::to_string(c.hb) + ", w_main=" +
-         std::to_string(c.w_main) + ", w_extra=" + std::to_string(c.w_extra) + ")";
+  return "(T=" + std::to_string(c.t) + ", hb=" + std::to_string(c.hb) +
+         ", w_main=" + std::to_string(c.w_main) + ", w_extra=" + std::to_string(c.w_extra) + ")";
 }
 
 // The sweep the range/agreement tests run over.
@@ -113,8 +119,8 @@ std::vector<int64_t> sweep_tokens() {
 }
 const std::vector<int32_t> kSweepHeads = {1, 8, 16, 17, 32, 33, 64, 100, 128};
 const std::vector<int64_t> kSweepMain = {0, 1, 127, 128};
-const std::vector<int64_t> kSweepExtra = {0, 1, 32, 33, 64, 256, 512, 781, 1024, 2048, 3906, 7812,
-                                          8192};
+const std::vector<int64_t> kSweepExtra = {0,   1,    32,   33,   64,   256, 512,
+                                          781, 1024, 2048, 3906, 7812, 8192};
 const std::vector<int32_t> kSweepCu = {1, 3, 78, 108, 132, 256};
 
 template <typename Fn>
@@ -155,11 +161,10 @@ void expect_arg_error(Fn fn, const std::string& arg) {
 
 TEST(PlanConformance, SpecialisedReferenceCu256PinnedValues) {
   const std::vector<Conformance> cases = {
-      {1, 1, 128, 8192, 32},  {1, 1, 128, 32, 32},    {8, 1, 128, 32, 32},
-      {1, 1, 128, 7812, 32},  {8, 1, 128, 7812, 32},  {17, 1, 128, 32, 4},
-      {16, 1, 128, 781, 13},  {48, 1, 128, 3906, 10}, {64, 1, 128, 32, 4},
-      {64, 1, 128, 256, 4},   {64, 1, 128, 781, 7},   {64, 1, 128, 3906, 8},
-      {64, 1, 128, 7812, 8},  {512, 1, 128, 7812, 1},
+      {1, 1, 128, 8192, 32}, {1, 1, 128, 32, 32},    {8, 1, 128, 32, 32},   {1, 1, 128, 7812, 32},
+      {8, 1, 128, 7812, 32}, {17, 1, 128, 32, 4},    {16, 1, 128, 781, 13}, {48, 1, 128, 3906, 10},
+      {64, 1, 128, 32, 4},   {64, 1, 128, 256, 4},   {64, 1, 128, 781, 7},  {64, 1, 128, 3906, 8},
+      {64, 1, 128, 7812, 8}, {512, 1, 128, 7812, 1},
   };
   for (const auto& c : cases) {
     for (bool smallest : {false, true}) {
@@ -287,7 +292,9 @@ TEST(PlanSm90Tuned, RangeAndSanityOnCu132Sweep) {
     same_hb.num_heads = (s.num_heads + 15) / 16 * 16;
     ASSERT_EQ(plan_sm90_tuned(same_hb), got) << text(s);
     // With 32 full waves of (row, head block) work, splitting cannot pay for the combine.
-    if (s.num_tokens * ((s.num_heads + 15) / 16) >= 32 * 132) ASSERT_LE(got, 2) << text(s);
+    if (s.num_tokens * ((s.num_heads + 15) / 16) >= 32 * 132) {
+      ASSERT_LE(got, 2) << text(s);
+    }
   });
 }
 
@@ -302,8 +309,9 @@ TEST(AdaptiveSplits, SpecExampleS32OneWave16) {
 }
 
 TEST(AdaptiveSplits, MatchesSpecTranscriptionAndStaysIn1ToS) {
-  std::vector<int64_t> lens = {0, 1, 2, 31, 32, 33, 64, 127, 128, 129, 255, 256, 257, 383, 384, 385,
-                               511, 512, 513, 1024, 1535, 1536, 1537, 2048, 4096, 8192};
+  std::vector<int64_t> lens = {0,   1,    2,    31,   32,   33,   64,   127, 128,
+                               129, 255,  256,  257,  383,  384,  385,  511, 512,
+                               513, 1024, 1535, 1536, 1537, 2048, 4096, 8192};
   for (int32_t s : {1, 2, 3, 4, 5, 8, 13, 16, 31, 32}) {
     for (int32_t ow : {1, 2, 4, 5, 6, 8, 13, 16, 32, 33}) {
       for (int64_t lm : {0, 1, 100, 128}) {

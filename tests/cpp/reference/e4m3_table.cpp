@@ -14,9 +14,9 @@ float decode_fields(uint8_t byte) {
   const int sign = byte >> 7, exponent = (byte >> 3) & 0xF, mantissa = byte & 0x7;
   if (exponent == 0xF && mantissa == 0x7) return std::numeric_limits<float>::quiet_NaN();
   // Normal: (1 + m/8) * 2^(E-7) = (8 + m) * 2^(E-10); subnormal: (m/8) * 2^(1-7) = m * 2^-9.
-  const float magnitude = exponent == 0 ? std::ldexp(static_cast<float>(mantissa), 1 - kBias - 3)
-                                        : std::ldexp(static_cast<float>(8 + mantissa),
-                                                     exponent - kBias - 3);
+  const float magnitude = exponent == 0
+                              ? std::ldexp(static_cast<float>(mantissa), 1 - kBias - 3)
+                              : std::ldexp(static_cast<float>(8 + mantissa), exponent - kBias - 3);
   return sign ? -magnitude : magnitude;
 }
 

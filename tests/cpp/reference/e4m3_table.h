@@ -14,7 +14,9 @@ namespace sparsemla::test {
 // All 256 e4m3fn values, indexed by byte (NaN for 0x7F and 0xFF, -0.0f for 0x80).
 const std::array<float, 256>& e4m3_reference_table();
 
-inline float e4m3_reference_value(uint8_t byte) { return e4m3_reference_table()[byte]; }
+inline float e4m3_reference_value(uint8_t byte) {
+  return e4m3_reference_table()[byte];
+}
 
 // Saturating round-to-nearest-even encoder: |x| >= 448 (and +-inf) -> 0x7E/0xFE, NaN -> 0x7F/0xFF
 // (sign kept), values that round to zero keep their sign (0x00/0x80).

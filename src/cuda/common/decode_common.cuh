@@ -1,0 +1,266 @@
+// src/cuda/common/decode_common.cuh: device helpers shared by the GPU decode paths (SPEC 2.1, 4, 5):
+// untrusted ragged-row ranges, fp8_ds_mla row loads (16-byte vector loads when the cache is 16-byte
+// aligned, a byte-wise fallback otherwise), exact dequantisation with the NaN scrub, the adaptive
+// active-split rule of SPEC 4.5 and the split-K combine / finish math of SPEC 4.3.
+//
+// Numerics: every helper here is exact or rounds once (bf16 RNE). Build without --use_fast_math /
+// -ftz=true: e4m3 subnormals and UE8M0 code 0 (2^-127) pass through fp32 denormals.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cfloat>
+#include <cstdint>
+
+#include "sparsemla/format.h"
+#include "sparsemla/numerics.h"
+
+namespace sparsemla::cuda {
+
+// ---- kernel-side views (plain structs, copied into kernel params) --------------------------------
+// A paged fp8_ds_mla cache as the kernels read it.
+struct DeviceCache {
+  const uint8_t* base;
+  int64_t num_slots;     // num_blocks * block_size: slots outside [0, num_slots) are invalid
+  int64_t block_stride;  // bytes
+  int32_t block_size;
+  int32_t aligned16;     // base and block_stride are multiples of 16: vector loads allowed
+};
+
+// A ragged index list as the kernels read it; indptr and indices are never trusted.
+struct DeviceList {
+  const int32_t* indices;  // [capacity]
+  const int32_t* indptr;   // [T + 1]
+  int64_t capacity;        // 0 with null pointers: an absent list (every row empty)
+};
+
+// Output finishing (sink, normalisation, fused inverse RoPE, lse, bf16 store), shared by the
+// combine kernel and the one-split partial kernel.
+struct FinishParams {
+  const float* sink;          // [H] or null
+  const int64_t* positions;   // [T] or null: no inverse RoPE
+  const float* rope;          // [rope_rows, rope_stride] fp32: cos x32 | sin x32
+  int64_t rope_rows;
+  int64_t rope_stride;
+  __nv_bfloat16* out;         // [T, H, 512]
+  int64_t out_stride_token;   // elements
+  int64_t out_stride_head;
+  int32_t out_pair_aligned;   // out and both strides allow 4-byte (bf16 pair) stores
+  float* lse;                 // [T, H] or null
+  int64_t lse_stride_token;
+  int64_t lse_stride_head;
+};
+
+inline constexpr float kNoScore = -FLT_MAX;  // score of invalid keys, m of an inactive split
+
+// ---- ragged rows --------------------------------------------------------------------------------
+struct RowRange {
+  int64_t begin;  // offset into indices
+  int32_t len;
+};
+
+// Row t of a list, clamped into [0, capacity] (a row that ends before it begins is empty).
+__device__ __forceinline__ RowRange load_row_range(const DeviceList& list, int64_t t) {
+  if (list.indptr == nullptr || list.capacity <= 0) return {0, 0};
+  int64_t b = __ldg(list.indptr + t), e = __ldg(list.indptr + t + 1);
+  b = b < 0 ? 0 : (b > list.capacity ? list.capacity : b);
+  e = e < b ? b : (e > list.capacity ? list.capacity : e);
+  return {b, static_cast<int32_t>(e - b)};
+}
+
+// Split s of `pieces` over a segment of length len: [begin, end), c = ceil(len / pieces).
+__device__ __forceinline__ void split_bounds(int32_t len, int32_t pieces, int32_t s, int32_t* begin,
+                                             int32_t* end) {
+  const int64_t c = (static_cast<int64_t>(len) + pieces - 1) / pieces;
+  const int64_t b = s * c, e = b + c;
+  *begin = static_cast<int32_t>(b < len ? b : len);
+  *end = static_cast<int32_t>(e < len ? e : len);
+}
+
+__device__ __forceinline__ int32_t ceil_div_i64(int64_t a, int64_t b) {
+  return static_cast<int32_t>((a + b - 1) / b);
+}
+
+// SPEC 4.5: how many of the S splits do work for a row with these true lengths.
+__device__ __forceinline__ int32_t adaptive_work(int32_t len_main, int32_t len_extra, int32_t splits,
+                                                 int32_t one_wave) {
+  constexpr int64_t kBk = 32;
+  const int32_t it4 = ceil_div_i64(len_main, 4 * kBk) + ceil_div_i64(len_extra, 4 * kBk);
+  int32_t work = splits;
+  if (4 < one_wave && one_wave < splits &&
+      ceil_div_i64(len_main, one_wave * kBk) + ceil_div_i64(len_extra, one_wave * kBk) <= 3) {
+    work = one_wave;
+  }
+  if (it4 <= 3) work = 4;
+  return work < splits ? work : splits;
+}
+
+// ---- slot addressing ----------------------------------------------------------------------------
+// Byte offsets of a slot's data row and scale word; data < 0 marks an invalid slot (never read).
+struct RowOffsets {
+  int64_t data;
+  int64_t scale;
+};
+__device__ __forceinline__ RowOffsets row_offsets(const DeviceCache& c, int64_t slot) {
+  if (slot < 0 || slot >= c.num_slots) return {-1, -1};
+  return {mla_data_offset(slot, c.block_size, c.block_stride),
+          mla_scale_offset(slot, c.block_size, c.block_stride)};
+}
+
+// ---- loads --------------------------------------------------------------------------------------
+// 16 bytes at base + off: one vector load when the cache is 16-byte aligned (every data-row chunk
+// then is), byte loads otherwise (unpadded strides such as 61*584 = 8 mod 16, SPEC 2.1).
+__device__ __forceinline__ uint4 load_chunk16(const DeviceCache& c, int64_t off) {
+  if (c.aligned16) return __ldg(reinterpret_cast<const uint4*>(c.base + off));
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint8_t* p = c.base + off + 4 * i;
+    w[i] = static_cast<uint32_t>(__ldg(p)) | (static_cast<uint32_t>(__ldg(p + 1)) << 8) |
+           (static_cast<uint32_t>(__ldg(p + 2)) << 16) | (static_cast<uint32_t>(__ldg(p + 3)) << 24);
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// The 8 scale bytes of a row (7 UE8M0 codes + pad): one 8-byte load when aligned.
+__device__ __forceinline__ uint2 load_scale8(const DeviceCache& c, int64_t off) {
+  if (c.aligned16) return __ldg(reinterpret_cast<const uint2*>(c.base + off));
+  uint32_t w[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const uint8_t* p = c.base + off + 4 * i;
+    w[i] = static_cast<uint32_t>(__ldg(p)) | (static_cast<uint32_t>(__ldg(p + 1)) << 8) |
+           (static_cast<uint32_t>(__ldg(p + 2)) << 16) | (static_cast<uint32_t>(__ldg(p + 3)) << 24);
+  }
+  return make_uint2(w[0], w[1]);
+}
+
+__device__ __forceinline__ uint32_t scale_code(uint2 word, int tile) {
+  const uint32_t w = tile < 4 ? word.x : word.y;
+  return (w >> (8 * (tile & 3))) & 0xFFu;
+}
+
+// ---- dequantisation and scrub (SPEC 2.1, 5) ------------------------------------------------------
+// UE8M0 as fp32 bits (code 0 = the subnormal 2^-127, 255 = +inf); never __nv_cvt_e8m0 (255 -> NaN).
+__device__ __forceinline__ float ue8m0_scale(uint32_t code) {
+  return ue8m0_to_float(static_cast<uint8_t>(code));
+}
+
+__device__ __forceinline__ float scrub_nan(float v) { return v != v ? 0.0f : v; }
+
+// e4m3 byte * scale, exact in fp32. The byte's bits placed into fp32 as (sign << 31) |
+// ((b & 0x7F) << 20) are exactly value * 2^-120 (normals and subnormals alike), so one multiply by
+// 2^120 restores it; the second multiply applies the scale (+inf for code 255: 0 * inf = NaN).
+// NaN bytes (0x7F / 0xFF) would come out finite and are handled explicitly: +0 when scrubbing,
+// NaN otherwise. Scrubbing also turns 0 * inf into +0 (SPEC 5: every NaN -> +0, +-inf kept).
+__device__ __forceinline__ float dequant_e4m3(uint32_t b, float scale, bool scrub) {
+  const float unit = __uint_as_float(((b & 0x80u) << 24) | ((b & 0x7Fu) << 20)) * 0x1p120f;
+  const float v = unit * scale;
+  if ((b & 0x7Fu) == 0x7Fu) return scrub ? 0.0f : __uint_as_float(0x7FC00000u);
+  return scrub ? scrub_nan(v) : v;
+}
+
+__device__ __forceinline__ uint32_t bf16x2_bits(float lo, float hi) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// 16 NoPE bytes (one scale tile) -> 16 bf16 values (two 16-byte words). Exact for codes >= 8.
+__device__ __forceinline__ void dequant_nope16(uint4 bytes, float scale, bool scrub, uint4* lo,
+                                               uint4* hi) {
+  const uint32_t w[4] = {bytes.x, bytes.y, bytes.z, bytes.w};
+  uint32_t o[8];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float v0 = dequant_e4m3(w[i] & 0xFFu, scale, scrub);
+    const float v1 = dequant_e4m3((w[i] >> 8) & 0xFFu, scale, scrub);
+    const float v2 = dequant_e4m3((w[i] >> 16) & 0xFFu, scale, scrub);
+    const float v3 = dequant_e4m3(w[i] >> 24, scale, scrub);
+    o[2 * i] = bf16x2_bits(v0, v1);
+    o[2 * i + 1] = bf16x2_bits(v2, v3);
+  }
+  *lo = make_uint4(o[0], o[1], o[2], o[3]);
+  *hi = make_uint4(o[4], o[5], o[6], o[7]);
+}
+
+// One bf16 of a packed pair: NaN -> +0, everything else (+-inf too) unchanged.
+__device__ __forceinline__ uint32_t scrub_bf16_half(uint32_t h) {
+  return (h & 0x7FFFu) > 0x7F80u ? 0u : h;
+}
+__device__ __forceinline__ uint32_t scrub_bf16x2(uint32_t w) {
+  return scrub_bf16_half(w & 0xFFFFu) | (scrub_bf16_half(w >> 16) << 16);
+}
+
+// 8 stored RoPE bf16 values (16 bytes), scrubbed when required.
+__device__ __forceinline__ uint4 rope_chunk16(uint4 v, bool scrub) {
+  if (!scrub) return v;
+  return make_uint4(scrub_bf16x2(v.x), scrub_bf16x2(v.y), scrub_bf16x2(v.z), scrub_bf16x2(v.w));
+}
+
+// ---- combine / finish math (SPEC 4.3, 4.3a) -----------------------------------------------------
+// Weight of a split relative to the running maximum M: 0 for an inactive split (m == -FLT_MAX),
+// whose acc must never be read.
+__device__ __forceinline__ float split_weight(float m, float big_m) {
+  return m == kNoScore ? 0.0f : __expf(m - big_m);
+}
+
+// Folds the sink into (M, L) of the valid keys. L is not > 0 for empty rows and for sink = +inf
+// (exp(inf - inf) = NaN), both of which output 0.
+struct FinishScale {
+  float big_m;   // max(max_s m_s, sink)
+  float factor;  // multiplier of sum_s w_s acc_s: 1 / max(L, 1e-30), or 0 when L is not > 0
+};
+__device__ __forceinline__ float finish_max(float max_m, const float* sink, int32_t h) {
+  return sink != nullptr ? fmaxf(max_m, __ldg(sink + h)) : max_m;
+}
+__device__ __forceinline__ float finish_factor(float sum_wl, float big_m, const float* sink,
+                                               int32_t h) {
+  const float total = sink != nullptr ? sum_wl + __expf(__ldg(sink + h) - big_m) : sum_wl;
+  return total > 0.0f ? 1.0f / fmaxf(total, 1e-30f) : 0.0f;
+}
+
+// lse without the sink: M' + ln(L') over the active splits, +inf when L' = 0.
+__device__ __forceinline__ float finish_lse(float max_m, float sum_l) {
+  return sum_l > 0.0f ? max_m + logf(sum_l) : __uint_as_float(0x7F800000u);
+}
+
+// cos / sin of RoPE pair k at the query position of row t (clamped into the table: a GPU
+// precondition, but never an out-of-bounds read).
+__device__ __forceinline__ float2 rope_cos_sin(const FinishParams& f, int64_t t, int k) {
+  int64_t pos = __ldg(f.positions + t);
+  pos = pos < 0 ? 0 : (pos >= f.rope_rows ? f.rope_rows - 1 : pos);
+  const float* row = f.rope + pos * f.rope_stride;
+  return make_float2(__ldg(row + k), __ldg(row + 32 + k));
+}
+
+// Inverse rotation of pair (a, b), plain multiply-add as the CPU reference (no FMA contraction).
+__device__ __forceinline__ void inverse_rope(float& a, float& b, float2 cs) {
+  const float na = __fadd_rn(__fmul_rn(a, cs.x), __fmul_rn(b, cs.y));
+  const float nb = __fsub_rn(__fmul_rn(b, cs.x), __fmul_rn(a, cs.y));
+  a = na;
+  b = nb;
+}
+
+// Stores the output pair (dims d, d + 1; d even) of row (t, h), rotating it back first when d is a
+// RoPE dim and positions are given.
+__device__ __forceinline__ void store_out_pair(const FinishParams& f, int64_t t, int32_t h, int d,
+                                               float a, float b) {
+  if (f.positions != nullptr && d >= Fp8DsMla::kNopeDims) {
+    inverse_rope(a, b, rope_cos_sin(f, t, (d - Fp8DsMla::kNopeDims) / 2));
+  }
+  __nv_bfloat16* dst = f.out + t * f.out_stride_token + h * f.out_stride_head + d;
+  const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+  if (f.out_pair_aligned) {
+    *reinterpret_cast<__nv_bfloat162*>(dst) = v;
+  } else {
+    dst[0] = v.x;
+    dst[1] = v.y;
+  }
+}
+
+__device__ __forceinline__ void store_lse(const FinishParams& f, int64_t t, int32_t h, float v) {
+  if (f.lse != nullptr) f.lse[t * f.lse_stride_token + h * f.lse_stride_head] = v;
+}
+
+}  // namespace sparsemla::cuda

@@ -1,0 +1,23 @@
+// src/cuda/generic/generic_backend.h: the portable CUDA decode (sm_80+). Arguments are validated
+// by dispatch; every pointer is a device pointer; everything runs on the caller's stream without
+// allocation or host synchronisation.
+#pragma once
+
+#include <cstdint>
+
+#include "sparsemla/decode.h"
+
+namespace sparsemla::cuda_generic {
+
+// Split-K decode with S = num_splits (1..65535): partial kernel (grid T x S x ceil(H/16)), then the
+// combine when S > 1. workspace: partials m, l fp32 [T, S, H] and acc fp32 [T, S, H, 512]
+// (decode_workspace_size bytes, 8-byte aligned); unused (may be null) when S == 1.
+// With p.adaptive_splits the rows run the active-split rule of SPEC 4.5 (ONE_WAVE from the host).
+void sparse_decode(const DecodeParams& p, int32_t num_splits, void* workspace);
+
+// Standalone inverse RoPE on a bf16 [T, H, 512] tensor in place (dims 448..511).
+void inverse_rope_inplace(bf16_bits* x, int64_t num_tokens, int32_t num_heads, int64_t stride_token,
+                          int64_t stride_head, const int64_t* positions, const RopeTable& rope,
+                          void* stream);
+
+}  // namespace sparsemla::cuda_generic

@@ -1,0 +1,923 @@
+// tests/gpu/test_gpu_decode.cpp: the portable CUDA decode (SPEC 4, 5, 9 item 9) against the float64
+// CPU reference (sparse_decode_reference with path = CudaGeneric, so its scrub decisions are the
+// kernel's), plus the device codec table against the host codecs.
+//
+// Every run draws fresh random data (SPARSEMLA_TEST_SEED reproduces one), poisons out / lse / the
+// workspace with NaN first, and checks that nothing outside the output rows was written.
+//
+// Data regime and why the SPEC 9 tolerance holds for it. The kernel differs from the reference by
+//  (a) bf16 probabilities in P.V (relative error <= 2^-9 each) while l sums the fp32 ones: the
+//      output moves by <= 2^-9 * max_j |K_j| per element, x2 on RoPE dims after the fused inverse
+//      rotation mixes a pair;
+//  (b) the bf16 store: <= 2^-8 of |out|;
+//  (c) fp32 accumulation, __expf: ~1e-6 relative, negligible.
+// With O(1) keys and few effective keys, (a) alone reaches ~2e-3 on outputs that are small by
+// cancellation, which fails both |d| < 1e-3 and |d|/|ref| < 2.01/128 (seen in simulation: ~5e-4 of
+// the elements at codes 110..122). So the caches here use codes 103..115 and RoPE values within
+// +-0.09: |K| <= 448 * 2^-12 = 0.11, hence (a) <= 4.3e-4. Where |ref| < 0.1, |d| <= 4.3e-4 + 3.9e-4
+// < 1e-3; elsewhere |d|/|ref| <= 4.3e-3 + 3.9e-3 < 2.01/128. The queries are scaled by 32 so that
+// scores still spread over several units (peaked and flat softmaxes both occur). The cosine bound
+// (5e-6) is dominated by (b): mean (2^-8)^2/3 per element, ~2.5e-6. Wide code ranges are tested
+// bit-exactly through one-key rows (DequantisesEveryCodeExactly), where p = 1 and the output is K.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cuda/common/numerics_selfcheck.h"
+#include "reference/decode_fixture.h"
+#include "reference/e4m3_table.h"
+#include "reference/random.h"
+#include "sparsemla/decode.h"
+#include "sparsemla/error.h"
+#include "sparsemla/numerics.h"
+#include "sparsemla/plan.h"
+
+namespace sparsemla::test::gpu {
+namespace {
+
+using decode::CacheSpec;
+using decode::CaseSpec;
+using decode::DecodeCase;
+using decode::FastRun;
+using decode::kDim;
+using decode::kNope;
+using decode::kPoisonBf16;
+using decode::RefRun;
+using decode::TestCache;
+using decode::TestList;
+
+// ---- CUDA plumbing -----------------------------------------------------------------------------
+void cuda_ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+// SPARSEMLA_GPU_TEST_REDUCED=1: fewer shapes (compute-sanitizer runs).
+bool reduced() {
+  const char* s = std::getenv("SPARSEMLA_GPU_TEST_REDUCED");
+  return s != nullptr && *s != '\0' && std::string(s) != "0";
+}
+
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
+    if (bytes > 0) cuda_ok(cudaMalloc(&ptr_, bytes), "cudaMalloc");
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& o) noexcept { swap(o); }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    swap(o);
+    return *this;
+  }
+  ~DeviceBuffer() {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+  }
+  template <typename T>
+  T* as(size_t byte_offset = 0) const {
+    return ptr_ == nullptr ? nullptr
+                           : reinterpret_cast<T*>(static_cast<uint8_t*>(ptr_) + byte_offset);
+  }
+  void* get() const { return ptr_; }
+  size_t bytes() const { return bytes_; }
+  void upload(const void* src, size_t bytes, size_t offset = 0) {
+    if (bytes > 0) cuda_ok(cudaMemcpy(as<uint8_t>(offset), src, bytes, cudaMemcpyHostToDevice), "upload");
+  }
+  void download(void* dst, size_t bytes, size_t offset = 0) const {
+    if (bytes > 0) cuda_ok(cudaMemcpy(dst, as<uint8_t>(offset), bytes, cudaMemcpyDeviceToHost), "download");
+  }
+  void fill(int byte) {
+    if (bytes_ > 0) cuda_ok(cudaMemset(ptr_, byte, bytes_), "cudaMemset");
+  }
+
+ private:
+  void swap(DeviceBuffer& o) {
+    std::swap(ptr_, o.ptr_);
+    std::swap(bytes_, o.bytes_);
+  }
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+template <typename T>
+DeviceBuffer to_device(const std::vector<T>& v, size_t lead_bytes = 0) {
+  DeviceBuffer b(lead_bytes + v.size() * sizeof(T));
+  b.upload(v.data(), v.size() * sizeof(T), lead_bytes);
+  return b;
+}
+template <typename T>
+void from_device(const DeviceBuffer& b, std::vector<T>& v) {
+  b.download(v.data(), v.size() * sizeof(T));
+}
+
+// ---- the data regime of the header comment -----------------------------------------------------
+CacheSpec cache_spec(int32_t block_size, int64_t num_blocks, int64_t page_pad = 0) {
+  CacheSpec s;
+  s.block_size = block_size;
+  s.num_blocks = num_blocks;
+  s.page_pad = page_pad;
+  s.code_lo = 103;
+  s.code_hi = 115;
+  return s;
+}
+
+// Engine-padded page: bs*584 rounded up to a multiple of 576.
+int64_t engine_pad(int32_t block_size) {
+  const int64_t raw = int64_t{block_size} * 584;
+  return (raw + 575) / 576 * 576 - raw;
+}
+
+void shrink_rope(TestCache& cache, Rng& rng) {
+  for (int64_t slot = 0; slot < cache.num_slots(); ++slot) {
+    for (int k = 0; k < 64; ++k) {
+      const double v = std::clamp(rng.normal() * 0.03, -0.09, 0.09);
+      cache.set_rope(slot, k, float_to_bf16(static_cast<float>(v)));
+    }
+  }
+}
+
+// q: [T, H, 512] contiguous; out / lse contiguous (the vector-load and pair-store paths; the
+// fixture's default layouts use odd strides, which take the element-wise paths).
+void make_contiguous(DecodeCase& c) {
+  std::vector<bf16_bits> q(static_cast<size_t>(c.T * c.H * kDim));
+  for (int64_t t = 0; t < c.T; ++t) {
+    for (int32_t h = 0; h < c.H; ++h) {
+      for (int d = 0; d < kDim; ++d) {
+        q[(t * c.H + h) * kDim + d] = c.q[t * c.q_stride_token + h * c.q_stride_head + d];
+      }
+    }
+  }
+  c.q = std::move(q);
+  c.q_stride_head = kDim;
+  c.q_stride_token = int64_t{c.H} * kDim;
+  c.out_stride_head = kDim;
+  c.out_stride_token = int64_t{c.H} * kDim;
+  c.lse_stride_token = c.H;
+}
+
+DecodeCase make_case(Rng& rng, const CaseSpec& spec, bool contiguous) {
+  DecodeCase c(rng, spec);
+  shrink_rope(*c.main, rng);
+  if (c.extra) shrink_rope(*c.extra, rng);
+  for (auto& v : c.q) {
+    if (!std::isnan(bf16_to_float(v))) v = float_to_bf16(bf16_to_float(v) * 32.0f);  // exact
+  }
+  if (contiguous) make_contiguous(c);
+  return c;
+}
+
+std::vector<int64_t> filled(int64_t n, int64_t v) { return std::vector<int64_t>(n, v); }
+
+// ---- a decode case on the device ---------------------------------------------------------------
+struct DeviceCase {
+  DeviceBuffer q, main_cache, extra_cache, main_indices, main_indptr, extra_indices, extra_indptr;
+  DeviceBuffer sink, rope, positions;
+  size_t misalign = 0;  // bytes the cache bases are moved off 16-byte alignment
+
+  DeviceCase(const DecodeCase& c, size_t cache_misalign = 0) : misalign(cache_misalign) {
+    q = to_device(c.q);
+    main_cache = upload_cache(*c.main);
+    if (c.extra) extra_cache = upload_cache(*c.extra);
+    upload_lists(c, /*fresh=*/true);
+    sink = to_device(c.sink);
+    rope = to_device(c.rope);
+    positions = to_device(c.positions);
+  }
+
+  DeviceBuffer upload_cache(const TestCache& cache) const {
+    const CacheView v = cache.view();
+    DeviceBuffer b(misalign + static_cast<size_t>(v.num_blocks * v.block_stride));
+    b.upload(v.base, static_cast<size_t>(v.num_blocks * v.block_stride), misalign);
+    return b;
+  }
+
+  // fresh = false: rewrite the same buffers in place (graph replays; sizes must not change).
+  void upload_lists(const DecodeCase& c, bool fresh) {
+    auto put = [&](DeviceBuffer& dst, const std::vector<int32_t>& v) {
+      if (fresh) {
+        dst = to_device(v);
+      } else {
+        if (dst.bytes() != v.size() * 4) throw std::runtime_error("list size changed");
+        dst.upload(v.data(), v.size() * 4);
+      }
+    };
+    put(main_indices, c.main_list.indices);
+    put(main_indptr, c.main_list.indptr);
+    if (c.extra) {
+      put(extra_indices, c.extra_list.indices);
+      put(extra_indptr, c.extra_list.indptr);
+    }
+  }
+
+  DecodeParams params(const DecodeCase& c, bf16_bits* out, float* lse) const {
+    DecodeParams p = c.params(nullptr, nullptr);
+    p.q = q.as<bf16_bits>();
+    p.main_cache.base = main_cache.as<uint8_t>(misalign);
+    p.main_list.indices = main_indices.as<int32_t>();
+    p.main_list.indptr = main_indptr.as<int32_t>();
+    if (p.has_extra) {
+      p.extra_cache.base = extra_cache.as<uint8_t>(misalign);
+      p.extra_list.indices = extra_indices.as<int32_t>();
+      p.extra_list.indptr = extra_indptr.as<int32_t>();
+    }
+    if (p.sink != nullptr) p.sink = sink.as<float>();
+    if (p.positions != nullptr) {
+      p.positions = positions.as<int64_t>();
+      p.rope.data = rope.as<float>();
+    }
+    p.out = out;
+    p.lse = c.want_lse ? lse : nullptr;
+    p.path = Path::CudaGeneric;
+    return p;
+  }
+};
+
+// Elements of out / lse outside the rows still hold their poison.
+void expect_padding_untouched(const DecodeCase& c, const FastRun& r) {
+  int64_t written = 0;
+  for (int64_t t = 0; t < c.T; ++t) {
+    for (int64_t i = 0; i < c.out_stride_token; ++i) {
+      const int64_t h = i / c.out_stride_head, d = i % c.out_stride_head;
+      if (h < c.H && d < kDim) continue;
+      written += r.out[t * c.out_stride_token + i] != kPoisonBf16;
+    }
+    for (int64_t i = c.H; i < c.lse_stride_token; ++i) {
+      written += !std::isnan(r.lse[t * c.lse_stride_token + i]);
+    }
+  }
+  EXPECT_EQ(written, 0) << "elements outside the out/lse rows were written";
+}
+
+struct GpuRun {
+  FastRun host;                  // out, lse (and the strides to read them)
+  std::vector<uint32_t> ws_bits; // the workspace after the run (NaN-poisoned before)
+  int32_t splits = 0;
+};
+
+using Edit = std::function<void(DecodeParams&)>;
+
+// Runs the CUDA decode with out, lse and the workspace poisoned (NaN) and returns the results.
+GpuRun run_gpu(const DecodeCase& c, const DeviceCase& d, int32_t splits, const Edit& edit = {}) {
+  GpuRun r;
+  r.host.out.assign(c.out_elems(), kPoisonBf16);
+  r.host.lse.assign(c.lse_elems(), decode::nan_f32());
+  r.host.out_stride_token = c.out_stride_token;
+  r.host.out_stride_head = c.out_stride_head;
+  r.host.lse_stride_token = c.lse_stride_token;
+  DeviceBuffer out = to_device(r.host.out), lse = to_device(r.host.lse);
+  DecodeParams p = d.params(c, out.as<bf16_bits>(), lse.as<float>());
+  p.num_splits = splits;
+  if (edit) edit(p);
+  r.splits = decode_num_splits(p);
+  const size_t bytes = decode_workspace_size(c.T, c.H, r.splits);
+  DeviceBuffer ws(bytes);
+  ws.fill(0xFF);  // NaN
+  sparse_decode(p, ws.get(), bytes);
+  cuda_ok(cudaDeviceSynchronize(), "decode");
+  from_device(out, r.host.out);
+  from_device(lse, r.host.lse);
+  r.ws_bits.resize(bytes / 4);
+  from_device(ws, r.ws_bits);
+  expect_padding_untouched(c, r.host);
+  return r;
+}
+
+RefRun reference(const DecodeCase& c) {
+  return decode::run_reference(c, [](DecodeParams& p) { p.path = Path::CudaGeneric; });
+}
+
+void expect_matches(const DecodeCase& c, const GpuRun& run, const RefRun& ref) {
+  decode::expect_kernel_matches_reference(c, run.host, ref);
+}
+
+int64_t nan_count(const DecodeCase& c, const FastRun& r) {
+  int64_t n = 0;
+  for (int64_t t = 0; t < c.T; ++t) {
+    for (int32_t h = 0; h < c.H; ++h) {
+      for (int d = 0; d < kDim; ++d) n += std::isnan(r.value(t, h, d));
+    }
+  }
+  return n;
+}
+
+// ---- tests -------------------------------------------------------------------------------------
+TEST(GpuCodecs, DeviceTableMatchesHostCodecsBitExact) {
+  DeviceBuffer values(256 * 4), roundtrip(256), scales(256 * 4);
+  cuda::device_codec_table(values.as<float>(), roundtrip.as<uint8_t>(), scales.as<float>(), nullptr);
+  cuda_ok(cudaDeviceSynchronize(), "codec table");
+  std::vector<float> v(256), s(256);
+  std::vector<uint8_t> rt(256);
+  from_device(values, v);
+  from_device(roundtrip, rt);
+  from_device(scales, s);
+  for (int b = 0; b < 256; ++b) {
+    const uint8_t byte = static_cast<uint8_t>(b);
+    EXPECT_EQ(float_bits(v[b]), float_bits(e4m3_to_float(byte))) << "byte " << b;
+    const float independent = e4m3_reference_value(byte);
+    if (std::isnan(independent)) {
+      EXPECT_TRUE(std::isnan(v[b])) << "byte " << b;
+    } else {
+      EXPECT_EQ(float_bits(v[b]), float_bits(independent)) << "byte " << b;  // -0 kept
+    }
+    EXPECT_EQ(rt[b], float_to_e4m3(e4m3_to_float(byte))) << "byte " << b;
+    EXPECT_EQ(float_bits(s[b]), float_bits(ue8m0_to_float(byte))) << "code " << b;
+    const float want_scale = b == 255 ? std::numeric_limits<float>::infinity()
+                                      : static_cast<float>(std::ldexp(1.0, b - 127));
+    EXPECT_EQ(float_bits(s[b]), float_bits(want_scale)) << "code " << b;
+  }
+}
+
+TEST(GpuDecodeGeneric, WindowOnlyAcrossHeadCountsAndTokens) {
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  const std::vector<int32_t> heads =
+      reduced() ? std::vector<int32_t>{1, 16, 64} : std::vector<int32_t>{1, 8, 16, 32, 64, 128};
+  const std::vector<int64_t> tokens = reduced() ? std::vector<int64_t>{1, 17} : std::vector<int64_t>{1, 2, 17};
+  for (int32_t H : heads) {
+    for (int64_t T : tokens) {
+      SCOPED_TRACE("H=" + std::to_string(H) + " T=" + std::to_string(T));
+      CaseSpec s;
+      s.T = T;
+      s.H = H;
+      s.main = cache_spec(64, 4, engine_pad(64));
+      s.p_invalid = 0.05;
+      const DecodeCase c = make_case(rng, s, /*contiguous=*/H % 2 == 0);
+      const DeviceCase d(c);
+      const RefRun ref = reference(c);
+      expect_matches(c, run_gpu(c, d, 0), ref);  // the planner's S
+      expect_matches(c, run_gpu(c, d, 1), ref);
+    }
+  }
+}
+
+TEST(GpuDecodeGeneric, Ratio4ShapesMainPlusTopk) {
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  struct Shape {
+    int32_t H;
+    int64_t T;
+  };
+  const std::vector<Shape> shapes = reduced() ? std::vector<Shape>{{64, 2}}
+                                              : std::vector<Shape>{{16, 1}, {64, 1}, {128, 1},
+                                                                   {64, 17}, {128, 17}, {64, 64}};
+  for (const Shape& sh : shapes) {
+    SCOPED_TRACE("H=" + std::to_string(sh.H) + " T=" + std::to_string(sh.T));
+    CaseSpec s;
+    s.T = sh.T;
+    s.H = sh.H;
+    s.main = cache_spec(64, 3, engine_pad(64));
+    s.extra = cache_spec(64, 10, engine_pad(64));
+    s.extra_lengths = filled(sh.T, 512);
+    s.p_invalid = 0.02;
+    const DecodeCase c = make_case(rng, s, true);
+    const DeviceCase d(c);
+    const RefRun ref = reference(c);
+    expect_matches(c, run_gpu(c, d, 0), ref);
+  }
+}
+
+TEST(GpuDecodeGeneric, Ratio128LongRowsTwoEntryPages) {
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  const int64_t T = reduced() ? 2 : 4;
+  CaseSpec s;
+  s.T = T;
+  s.H = 64;
+  s.main = cache_spec(64, 3, engine_pad(64));
+  s.extra = cache_spec(2, 1100, engine_pad(2));
+  for (int64_t t = 0; t < T; ++t) s.extra_lengths.push_back(rng.randint(512, 2048));  // ~4x spread
+  s.p_invalid = 0.01;
+  const DecodeCase c = make_case(rng, s, true);
+  const DeviceCase d(c);
+  const RefRun ref = reference(c);
+  expect_matches(c, run_gpu(c, d, 0), ref);
+  expect_matches(c, run_gpu(c, d, 16), ref);
+}
+
+TEST(GpuDecodeGeneric, ManyTokensFewHeads) {
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  CaseSpec s;
+  s.T = reduced() ? 64 : 256;
+  s.H = 8;
+  s.main = cache_spec(16, 12);
+  s.extra = cache_spec(64, 2, engine_pad(64));
+  s.extra_lengths = filled(s.T, 64);
+  const DecodeCase c = make_case(rng, s, true);
+  const DeviceCase d(c);
+  const RefRun ref = reference(c);
+  expect_matches(c, run_gpu(c, d, 0), ref);
+  expect_matches(c, run_gpu(c, d, 2), ref);
+}
+
+// MTP: two query tokens per request; token j of request r attends the window ending at its own
+// position (127 of 128 window slots shared with the other token) plus its own top-k row.
+TEST(GpuDecodeGeneric, MtpTwoTokensPerRequest) {
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  const int64_t requests = 6, T = 2 * requests;
+  const int32_t wbs = 64;
+  CaseSpec s;
+  s.T = T;
+  s.H = 32;
+  s.main = cache_spec(wbs, 5 * requests, engine_pad(wbs));
+  s.extra = cache_spec(64, 8, engine_pad(64));
+  s.extra_lengths = filled(T, 300);
+  DecodeCase c = make_case(rng, s, true);
+  std::vector<std::vector<int32_t>> rows;
+  for (int64_t r = 0; r < requests; ++r) {
+    const int64_t pos0 = rng.randint(0, 250);  // some windows shorter than 128
+    std::vector<int32_t> table(5);
+    for (int i = 0; i < 5; ++i) table[i] = static_cast<int32_t>(r * 5 + (i + r) % 5);
+    for (int64_t j = 0; j < 2; ++j) {
+      const int64_t pos = pos0 + j, start = std::max<int64_t>(pos - 127, 0);
+      std::vector<int32_t> row;
+      for (int64_t x = start; x <= pos; ++x) row.push_back(table[x / wbs] * wbs + static_cast<int32_t>(x % wbs));
+      rows.push_back(row);
+    }
+  }
+  c.main_list = TestList::from_rows(rng, rows, /*lead=*/3);
+  const DeviceCase d(c);
+  const RefRun ref = reference(c);
+  for (int32_t split : {0, 1, 3}) expect_matches(c, run_gpu(c, d, split), ref);
+}
+
+TEST(GpuDecodeGeneric, SplitCountsAllMatchReference) {
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  CaseSpec s;
+  s.T = 5;
+  s.H = 24;  // two head blocks, the second one half masked
+  s.main = cache_spec(64, 3);
+  s.extra = cache_spec(64, 8);
+  s.main_lengths = {128, 1, 40, 0, 128};
+  s.extra_lengths = {400, 3, 0, 0, 97};  // short rows leave most of 16 splits empty
+  s.p_invalid = 0.05;
+  const DecodeCase c = make_case(rng, s, false);
+  const DeviceCase d(c);
+  const RefRun ref = reference(c);
+  for (int32_t split : {1, 2, 3, 4, 16, 32}) {
+    SCOPED_TRACE("S=" + std::to_string(split));
+    const GpuRun run = run_gpu(c, d, split);
+    EXPECT_EQ(run.splits, split);
+    expect_matches(c, run, ref);
+  }
+}
+
+// Lengths around the 32-key tile, rows with only invalid slots, every invalid slot value of SPEC 9.
+TEST(GpuDecodeGeneric, EdgeLengthsAndInvalidSlots) {
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  const std::vector<int64_t> lengths = {0, 1, 31, 32, 33, 63, 64, 65, 96, 5};
+  const int64_t T = static_cast<int64_t>(lengths.size());
+  CaseSpec s;
+  s.T = T;
+  s.H = 16;
+  s.main = cache_spec(16, 10);
+  s.extra = cache_spec(64, 3);
+  DecodeCase c = make_case(rng, s, true);
+  std::vector<std::vector<int32_t>> main_rows, extra_rows;
+  for (int64_t t = 0; t < T; ++t) {
+    main_rows.push_back(decode::random_row(rng, lengths[t], c.main->num_slots(), 0.3));
+    extra_rows.push_back(decode::random_row(rng, lengths[T - 1 - t], c.extra->num_slots(), 0.3));
+  }
+  // Row 9: only invalid values, every one of them, in both lists.
+  main_rows[9] = decode::invalid_slot_values(c.main->num_slots());
+  extra_rows[9] = decode::invalid_slot_values(c.extra->num_slots());
+  c.main_list = TestList::from_rows(rng, main_rows, /*lead=*/5);
+  c.extra_list = TestList::from_rows(rng, extra_rows, /*lead=*/0, /*slack=*/0);
+  const DeviceCase d(c);
+  const RefRun ref = reference(c);
+  for (int32_t split : {1, 2, 4, 16}) {
+    SCOPED_TRACE("S=" + std::to_string(split));
+    const GpuRun run = run_gpu(c, d, split);
+    expect_matches(c, run, ref);
+    for (int32_t h = 0; h < c.H; ++h) {  // row 9 has no valid key: exact zeros, lse +inf
+      for (int dd = 0; dd < kDim; ++dd) ASSERT_EQ(run.host.value(9, h, dd), 0.0f);
+      EXPECT_EQ(run.host.lse_at(9, h), std::numeric_limits<float>::infinity());
+    }
+  }
+}
+
+// indptr is read on the GPU and never trusted: rows are clamped into [0, capacity] (an end before
+// the begin is an empty row). Compared with the reference on the equivalent clamped lists.
+TEST(GpuDecodeGeneric, UntrustedIndptrIsClampedIntoTheList) {
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  CaseSpec s;
+  s.T = 6;
+  s.H = 16;
+  s.main = cache_spec(16, 10);
+  s.extra = cache_spec(16, 10);
+  DecodeCase c = make_case(rng, s, true);
+  DecodeCase clamped = c;
+  const int64_t cap = static_cast<int64_t>(c.main_list.indices.size());
+  std::vector<int32_t> bad = {-50, 40, 10, static_cast<int32_t>(cap + 100), decode::kInt32Max,
+                              decode::kInt32Min, static_cast<int32_t>(cap - 3)};
+  std::vector<std::vector<int32_t>> rows;
+  for (int64_t t = 0; t < c.T; ++t) {
+    const int64_t b = std::clamp<int64_t>(bad[t], 0, cap);
+    const int64_t e = std::clamp<int64_t>(bad[t + 1], b, cap);
+    rows.emplace_back(c.main_list.indices.begin() + b, c.main_list.indices.begin() + e);
+  }
+  clamped.main_list = TestList::from_rows(rng, rows);
+  DeviceCase d(c);
+  d.main_indptr.upload(bad.data(), bad.size() * 4);
+  const RefRun ref = reference(clamped);
+  for (int32_t split : {1, 4}) expect_matches(clamped, run_gpu(c, d, split), ref);
+}
+
+// SPEC 5: NaN bytes, code-255 tiles of zero bytes (0 * inf) and NaN RoPE values in both caches;
+// the generic path scrubs both (the provenance gate never holds there), whatever the caller asserts.
+TEST(GpuDecodeGeneric, PoisonedCachesAreScrubbed) {
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  CaseSpec s;
+  s.T = 9;
+  s.H = 32;
+  s.main = cache_spec(64, 3);
+  s.extra = cache_spec(61, 4);  // unpadded odd page: the byte-wise loads
+  s.extra_lengths = filled(9, 200);
+  DecodeCase c = make_case(rng, s, true);
+  for (TestCache* cache : {&*c.main, &*c.extra}) {
+    for (int64_t slot = 0; slot < cache->num_slots(); ++slot) {
+      const double u = rng.uniform(0, 1);
+      uint8_t* row = cache->data_row(slot);
+      if (u < 0.15) {  // NaN bytes
+        for (int i = 0; i < 4; ++i) row[rng.randint(0, kNope - 1)] = rng.randint(0, 1) ? 0x7F : 0xFF;
+      } else if (u < 0.3) {  // code 255 over a tile of (signed) zero bytes
+        const int tile = static_cast<int>(rng.randint(0, 6));
+        cache->code_row(slot)[tile] = 255;
+        for (int i = 0; i < 64; ++i) row[64 * tile + i] = rng.randint(0, 1) ? 0x00 : 0x80;
+      } else if (u < 0.45) {  // NaN RoPE values (quiet, signalling, negative)
+        const bf16_bits nans[] = {0x7FC0, 0x7F81, 0xFFC0, 0xFFFF};
+        for (int i = 0; i < 3; ++i) cache->set_rope(slot, static_cast<int>(rng.randint(0, 63)), nans[rng.randint(0, 3)]);
+      }
+    }
+  }
+  const DeviceCase d(c);
+  const RefRun ref = reference(c);
+  for (bool asserted : {false, true}) {
+    for (int32_t split : {1, 4}) {
+      SCOPED_TRACE("asserted=" + std::to_string(asserted) + " S=" + std::to_string(split));
+      const GpuRun run = run_gpu(c, d, split, [&](DecodeParams& p) { p.extra_cache_sanitised = asserted; });
+      EXPECT_EQ(nan_count(c, run.host), 0);
+      expect_matches(c, run, ref);
+    }
+  }
+}
+
+// Sink semantics: absent; finite; -inf changes nothing; +inf gives exact 0; rows without keys give
+// 0 and lse = +inf; lse never includes the sink.
+TEST(GpuDecodeGeneric, SinkVariantsAndLse) {
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  CaseSpec s;
+  s.T = 4;
+  s.H = 32;
+  s.main = cache_spec(64, 3);
+  s.extra = cache_spec(64, 4);
+  s.main_lengths = {128, 0, 7, 128};
+  s.extra_lengths = {256, 0, 0, 33};
+  DecodeCase c = make_case(rng, s, false);
+  const float inf = std::numeric_limits<float>::infinity();
+  for (int32_t h = 0; h < c.H; ++h) {
+    if (h % 4 == 1) c.sink[h] = inf;
+    if (h % 4 == 2) c.sink[h] = -inf;
+    if (h % 4 == 3) c.sink[h] = static_cast<float>(rng.uniform(-3, 8));  // from tiny to dominant
+  }
+  const DeviceCase d(c);
+  DecodeCase no_sink = c;
+  no_sink.use_sink = false;
+  const RefRun ref = reference(c), ref_none = reference(no_sink);
+  for (int32_t split : {1, 3}) {
+    SCOPED_TRACE("S=" + std::to_string(split));
+    const GpuRun with = run_gpu(c, d, split);
+    const GpuRun without = run_gpu(no_sink, d, split);
+    expect_matches(c, with, ref);
+    expect_matches(no_sink, without, ref_none);
+    for (int64_t t = 0; t < c.T; ++t) {
+      for (int32_t h = 0; h < c.H; ++h) {
+        EXPECT_EQ(float_bits(with.host.lse_at(t, h)), float_bits(without.host.lse_at(t, h)));
+        for (int dd = 0; dd < kDim; ++dd) {
+          if (h % 4 == 1 || t == 1) ASSERT_EQ(with.host.value(t, h, dd), 0.0f);
+          if (h % 4 == 2) ASSERT_EQ(with.host.bits(t, h, dd), without.host.bits(t, h, dd));
+        }
+      }
+    }
+  }
+}
+
+// Fused inverse RoPE against the reference, and against decode-then-standalone (SPEC 4.3: NoPE
+// dims bit-exact, RoPE dims within 2 bf16 ulps of the pair's magnitude); the standalone GPU
+// rotation equals the CPU one bit for bit (same fp32 products and sums, one rounding).
+TEST(GpuDecodeGeneric, FusedInverseRopeMatchesReferenceAndStandalone) {
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  CaseSpec s;
+  s.T = 7;
+  s.H = 16;
+  s.main = cache_spec(64, 3);
+  s.extra = cache_spec(2, 200);
+  s.extra_lengths = filled(7, 150);
+  s.positions = true;
+  const DecodeCase c = make_case(rng, s, true);
+  const DeviceCase d(c);
+  const RefRun ref = reference(c);
+  for (int32_t split : {1, 4}) {
+    SCOPED_TRACE("S=" + std::to_string(split));
+    const GpuRun fused = run_gpu(c, d, split);
+    expect_matches(c, fused, ref);
+    const GpuRun plain = run_gpu(c, d, split, [](DecodeParams& p) { p.positions = nullptr; });
+    // Standalone rotation of the plain output, on the GPU and on the CPU.
+    DeviceBuffer x = to_device(plain.host.out);
+    const RopeTable table_dev{d.rope.as<float>(), c.rope_rows, c.rope_stride};
+    inverse_rope_inplace(x.as<bf16_bits>(), c.T, c.H, c.out_stride_token, c.out_stride_head,
+                         d.positions.as<int64_t>(), table_dev, Path::CudaGeneric, nullptr);
+    cuda_ok(cudaDeviceSynchronize(), "inverse rope");
+    std::vector<bf16_bits> gpu_rot(plain.host.out.size()), cpu_rot = plain.host.out;
+    from_device(x, gpu_rot);
+    const RopeTable table_host{c.rope.data(), c.rope_rows, c.rope_stride};
+    inverse_rope_inplace(cpu_rot.data(), c.T, c.H, c.out_stride_token, c.out_stride_head,
+                         c.positions.data(), table_host, Path::Cpu, nullptr);
+    EXPECT_EQ(gpu_rot, cpu_rot);
+    for (int64_t t = 0; t < c.T; ++t) {
+      for (int32_t h = 0; h < c.H; ++h) {
+        const int64_t row = t * c.out_stride_token + h * c.out_stride_head;
+        for (int dd = 0; dd < kNope; ++dd) ASSERT_EQ(fused.host.out[row + dd], gpu_rot[row + dd]);
+        for (int k = 0; k < 32; ++k) {
+          const float a = bf16_to_float(fused.host.out[row + kNope + 2 * k]);
+          const float b = bf16_to_float(fused.host.out[row + kNope + 2 * k + 1]);
+          const float mag = std::sqrt(a * a + b * b);
+          const float ulp = mag > 0 ? std::ldexp(1.0f, std::ilogb(mag) - 7) : 0.0f;
+          ASSERT_LE(std::fabs(a - bf16_to_float(gpu_rot[row + kNope + 2 * k])), 2 * ulp + 1e-30f);
+          ASSERT_LE(std::fabs(b - bf16_to_float(gpu_rot[row + kNope + 2 * k + 1])), 2 * ulp + 1e-30f);
+        }
+      }
+    }
+  }
+}
+
+// Page sizes 64 (engine padded), 2, 61 with the unpadded stride (8 mod 16), odd page padding and
+// cache bases moved off 16-byte alignment: the last three take the byte-wise loads.
+TEST(GpuDecodeGeneric, PageSizesAndUnalignedCaches) {
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  struct Layout {
+    int32_t bs;
+    int64_t blocks, pad;
+    size_t misalign;
+  };
+  const std::vector<Layout> layouts = {{64, 4, engine_pad(64), 0}, {2, 150, 0, 0}, {61, 5, 0, 0},
+                                       {16, 20, 3, 0},            {64, 4, 0, 8},  {61, 5, 0, 1}};
+  for (const Layout& l : layouts) {
+    SCOPED_TRACE("bs=" + std::to_string(l.bs) + " pad=" + std::to_string(l.pad) +
+                 " misalign=" + std::to_string(l.misalign));
+    CaseSpec s;
+    s.T = 3;
+    s.H = 16;
+    s.main = cache_spec(l.bs, l.blocks, l.pad);
+    s.extra = cache_spec(l.bs, l.blocks, l.pad);
+    s.extra_lengths = filled(3, 160);
+    const DecodeCase c = make_case(rng, s, true);
+    const DeviceCase d(c, l.misalign);
+    const RefRun ref = reference(c);
+    expect_matches(c, run_gpu(c, d, 1), ref);
+    expect_matches(c, run_gpu(c, d, 2), ref);
+  }
+}
+
+// One valid key per row: p = 1 exactly, so out == bf16(K): every UE8M0 code 0..240 and every e4m3
+// byte decoded exactly, NaN bytes / code 255 over zero bytes / NaN RoPE scrubbed to 0. q is tiny
+// (2^-100 scale) so that scores stay finite for the largest keys (~2^122).
+TEST(GpuDecodeGeneric, DequantisesEveryCodeExactly) {
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  for (size_t misalign : {size_t{0}, size_t{4}}) {
+    SCOPED_TRACE("misalign=" + std::to_string(misalign));
+    CaseSpec s;
+    s.T = 48;
+    s.H = 16;
+    s.main = cache_spec(61, 1);  // 61 slots, stride 8 mod 16
+    s.main.code_lo = 0;
+    s.main.code_hi = 240;
+    s.sink = false;
+    DecodeCase c(rng, s);
+    make_contiguous(c);
+    for (auto& v : c.q) v = float_to_bf16(std::ldexp(bf16_to_float(v), -100));
+    TestCache& cache = *c.main;
+    for (int64_t slot = 0; slot < 8; ++slot) {  // poison a few rows
+      uint8_t* row = cache.data_row(slot);
+      row[slot * 7] = slot % 2 ? 0x7F : 0xFF;
+      cache.code_row(slot)[slot % 7] = 255;
+      for (int i = 0; i < 64; ++i) row[64 * (slot % 7) + i] = (i % 3) ? 0x00 : 0x80;
+      cache.set_rope(slot, static_cast<int>(slot), 0x7FC0);
+    }
+    std::vector<std::vector<int32_t>> rows;
+    for (int64_t t = 0; t < c.T; ++t) {
+      const int32_t slot = static_cast<int32_t>(t < 8 ? t : rng.randint(0, cache.num_slots() - 1));
+      rows.push_back({-1, slot, static_cast<int32_t>(cache.num_slots())});  // invalid around it
+    }
+    c.main_list = TestList::from_rows(rng, rows, 2);
+    const DeviceCase d(c, misalign);
+    for (int32_t split : {1, 2}) {
+      const GpuRun run = run_gpu(c, d, split);
+      for (int64_t t = 0; t < c.T; ++t) {
+        const int32_t slot = rows[t][1];
+        for (int dd = 0; dd < kDim; ++dd) {
+          double v = cache.value(slot, dd);
+          if (std::isnan(v)) v = 0.0;
+          const float want = bf16_to_float(float_to_bf16(static_cast<float>(v)));
+          for (int32_t h = 0; h < c.H; ++h) {
+            ASSERT_EQ(run.host.value(t, h, dd), want) << "t=" << t << " slot=" << slot << " d=" << dd;
+          }
+        }
+      }
+    }
+  }
+}
+
+// SPEC 4.5 on the generic path: rows decide their active splits from their true lengths; inactive
+// splits write m = -FLT_MAX, l = 0 and leave acc untouched (its NaN poison stays), and the combine
+// never reads them. ONE_WAVE = 256 / 20 = 12 here (num_sms 256, T*hb = 20).
+TEST(GpuDecodeGeneric, AdaptiveSplitsIgnorePoisonedWorkspace) {
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  const int64_t T = 20;
+  const int32_t S = 16;
+  CaseSpec s;
+  s.T = T;
+  s.H = 16;
+  s.main = cache_spec(64, 3);
+  s.extra = cache_spec(64, 8);
+  const std::vector<int64_t> extra_choices = {0, 64, 300, 512, 700, 1536};
+  for (int64_t t = 0; t < T; ++t) {
+    s.main_lengths.push_back(t % 3 == 0 ? 1 : rng.randint(0, 128));
+    s.extra_lengths.push_back(extra_choices[t % extra_choices.size()]);
+  }
+  const DecodeCase c = make_case(rng, s, true);
+  const DeviceCase d(c);
+  const RefRun ref = reference(c);
+  const auto adaptive = [](DecodeParams& p) {
+    p.adaptive_splits = true;
+    p.num_sms = 256;
+  };
+  const GpuRun run = run_gpu(c, d, S, adaptive);
+  expect_matches(c, run, ref);
+  PlanShape shape{T, s.H, c.main_list.view().capacity / T, c.extra_list.view().capacity / T, 256};
+  const int32_t one_wave = adaptive_one_wave(shape, S);
+  EXPECT_EQ(one_wave, 12);
+  const int64_t rows = T * S * s.H;
+  std::vector<int32_t> seen;
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t lm = c.main_list.indptr[t + 1] - c.main_list.indptr[t];
+    const int64_t lx = c.extra_list.indptr[t + 1] - c.extra_list.indptr[t];
+    const int32_t work = adaptive_active_splits(lm, lx, S, one_wave);
+    seen.push_back(work);
+    for (int32_t sp = work; sp < S; ++sp) {
+      for (int32_t h = 0; h < s.H; ++h) {
+        const int64_t row = (t * S + sp) * s.H + h;
+        ASSERT_EQ(run.ws_bits[row], float_bits(-FLT_MAX)) << "t=" << t << " s=" << sp;
+        ASSERT_EQ(run.ws_bits[rows + row], 0u);
+        for (int dd = 0; dd < kDim; ++dd) ASSERT_EQ(run.ws_bits[2 * rows + row * kDim + dd], 0xFFFFFFFFu);
+      }
+    }
+  }
+  // The rows exercise all three outcomes of the rule.
+  EXPECT_NE(std::find(seen.begin(), seen.end(), 4), seen.end());
+  EXPECT_NE(std::find(seen.begin(), seen.end(), one_wave), seen.end());
+  EXPECT_NE(std::find(seen.begin(), seen.end(), S), seen.end());
+}
+
+// Graph buffers (SPEC 4.6): one capture, then replays whose indptr / indices change in place (same
+// addresses, same capacity, rows of new lengths); each replay matches the reference of its lists.
+TEST(GpuDecodeGeneric, GraphReplayWithChangingLists) {
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  const int64_t T = 8, W_main = 128, W_extra = 512;
+  CaseSpec s;
+  s.T = T;
+  s.H = 32;
+  s.main = cache_spec(64, 3);
+  s.extra = cache_spec(64, 10);
+  DecodeCase c = make_case(rng, s, true);
+  // Persistent buffers: capacity T*W; each step rewrites every row (rows may be shorter).
+  const auto lists_for_step = [&](DecodeCase& cc) {
+    std::vector<std::vector<int32_t>> mr, xr;
+    for (int64_t t = 0; t < T; ++t) {
+      const bool live = t < T - 2 || rng.randint(0, 1);  // rows beyond the live batch: length 0
+      mr.push_back(decode::random_row(rng, live ? rng.randint(1, W_main) : 0, cc.main->num_slots(), 0.05));
+      xr.push_back(decode::random_row(rng, live ? rng.randint(0, W_extra) : 0, cc.extra->num_slots(), 0.05));
+    }
+    cc.main_list = TestList::from_rows(rng, mr, 0, 0);
+    cc.extra_list = TestList::from_rows(rng, xr, 0, 0);
+    cc.main_list.indices.resize(static_cast<size_t>(T * W_main), -1);
+    cc.extra_list.indices.resize(static_cast<size_t>(T * W_extra), -1);
+    cc.main_list.width = W_main;
+    cc.extra_list.width = W_extra;
+  };
+  lists_for_step(c);
+  DeviceCase d(c);
+  std::vector<bf16_bits> poison(c.out_elems(), kPoisonBf16);
+  std::vector<float> lse_poison(c.lse_elems(), decode::nan_f32());
+  DeviceBuffer out = to_device(poison), lse = to_device(lse_poison);
+  DecodeParams p = d.params(c, out.as<bf16_bits>(), lse.as<float>());
+  p.adaptive_splits = true;
+  const int32_t S = decode_num_splits(p);  // frozen at capture time, from the widths
+  const size_t bytes = decode_workspace_size(T, c.H, S);
+  DeviceBuffer ws(bytes);
+  ws.fill(0xFF);
+  cudaStream_t stream = nullptr;
+  cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  p.stream = stream;
+  sparse_decode(p, ws.get(), bytes);  // warm-up outside the capture
+  cuda_ok(cudaStreamSynchronize(stream), "warm-up");
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
+  sparse_decode(p, ws.get(), bytes);
+  cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture");
+  cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  for (int step = 0; step < 4; ++step) {
+    SCOPED_TRACE("replay " + std::to_string(step));
+    if (step > 0) {
+      lists_for_step(c);
+      d.upload_lists(c, /*fresh=*/false);
+    }
+    out.upload(poison.data(), poison.size() * 2);
+    lse.upload(lse_poison.data(), lse_poison.size() * 4);
+    cuda_ok(cudaGraphLaunch(exec, stream), "graph launch");
+    cuda_ok(cudaStreamSynchronize(stream), "replay");
+    FastRun r;
+    r.out.resize(c.out_elems());
+    r.lse.resize(c.lse_elems());
+    r.out_stride_token = c.out_stride_token;
+    r.out_stride_head = c.out_stride_head;
+    r.lse_stride_token = c.lse_stride_token;
+    from_device(out, r.out);
+    from_device(lse, r.lse);
+    expect_padding_untouched(c, r);
+    decode::expect_kernel_matches_reference(c, r, reference(c));
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+TEST(GpuDecodeGeneric, ArgumentErrorsAndZeroTokens) {
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  CaseSpec s;
+  s.T = 2;
+  s.H = 16;
+  s.main = cache_spec(16, 10);
+  const DecodeCase c = make_case(rng, s, true);
+  const DeviceCase d(c);
+  DeviceBuffer out(c.out_elems() * 2), lse(c.lse_elems() * 4);
+  DecodeParams p = d.params(c, out.as<bf16_bits>(), lse.as<float>());
+  p.num_splits = 4;
+  EXPECT_THROW(sparse_decode(p, nullptr, 0), Error);  // S > 1 needs a workspace
+  p.num_splits = 1;
+  p.path = Path::CudaSm90;  // no specialised kernels in this build: the gate refuses to force it
+  EXPECT_THROW(sparse_decode(p, nullptr, 0), Error);
+  p.path = Path::Auto;  // device pointers: the generic CUDA path
+  EXPECT_NO_THROW(sparse_decode(p, nullptr, 0));
+  cuda_ok(cudaDeviceSynchronize(), "auto");
+  p.num_tokens = 0;
+  EXPECT_NO_THROW(sparse_decode(p, nullptr, 0));
+  const DecodeParams host = c.params(nullptr, nullptr);
+  DecodeParams forced = host;
+  std::vector<bf16_bits> host_out(c.out_elems());
+  forced.out = host_out.data();
+  forced.path = Path::CudaGeneric;  // host pointers on a CUDA path
+  EXPECT_THROW(sparse_decode(forced, nullptr, 0), Error);
+}
+
+}  // namespace
+}  // namespace sparsemla::test::gpu
