@@ -65,7 +65,9 @@ using detail::StateRows;
 
 constexpr int kHead = Fp8DsMla::kHeadDim;
 
-PoolShape mla_shape(int32_t ratio) { return {ratio, kHead, ratio == 4}; }
+PoolShape mla_shape(int32_t ratio) {
+  return {ratio, kHead, ratio == 4};
+}
 
 StateRows state_rows(const CompressorParams& p) {
   return {p.state.base,       p.state.block_size,  p.state.block_stride,
@@ -108,7 +110,8 @@ void compress_two_stage(const CompressorParams& p) {
   const StateRows rows = state_rows(p);
   const PoolShape shape = mla_shape(p.ratio);
   constexpr int kTiles = kHead / detail::kPoolTile;
-  // Stage 1: one work item per (token, column tile); rows of tokens that store nothing are untouched.
+  // Stage 1: one work item per (token, column tile); rows of tokens that store nothing are
+  // untouched.
   SPARSEMLA_OMP_PARALLEL_FOR
   for (int64_t item = 0; item < p.num_tokens * kTiles; ++item) {
     const int64_t i = item / kTiles;
@@ -136,7 +139,8 @@ void write_compressor_state(const StateWriterParams& p) {
   for (int64_t i = 0; i < p.num_tokens; ++i) {
     const int64_t slot = p.state_slots[i];
     if (slot < 0) continue;
-    float* row = p.state.base + (slot / bs) * p.state.block_stride + (slot % bs) * p.state.row_stride;
+    float* row =
+        p.state.base + (slot / bs) * p.state.block_stride + (slot % bs) * p.state.row_stride;
     const float* kv = p.kv + i * p.kv_stride;
     const float* score = p.score + i * p.score_stride;
     std::copy_n(kv, width, row);

@@ -1,6 +1,7 @@
 // Row decoders of the two cache formats (SPEC 2.1, 2.2) and the NaN scrub (SPEC 5).
 #include <cmath>
 #include <cstring>
+#include <string>
 
 #include "core/validate.h"
 #include "sparsemla/error.h"
@@ -11,10 +12,10 @@ namespace sparsemla {
 namespace {
 
 void check_slot(const char* op, int64_t slot, int64_t num_blocks, int32_t block_size) {
-  SPARSEMLA_CHECK_ARG(slot_is_valid(slot, num_blocks, block_size), op, "slot",
-                      "in [0, num_blocks*block_size = " +
-                          std::to_string(num_blocks * int64_t{block_size}) + ")",
-                      slot);
+  SPARSEMLA_CHECK_ARG(
+      slot_is_valid(slot, num_blocks, block_size), op, "slot",
+      "in [0, num_blocks*block_size = " + std::to_string(num_blocks * int64_t{block_size}) + ")",
+      slot);
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // CPU indexer-key compressor (SPEC 3.2, last paragraph): the KV compressor with head 128, ratio 4
-// with overlap (W = 256), RoPE dims 64..127 rotated before one 128-wide quantiser block, fp32 scale,
-// NORMAL page layout.
+// with overlap (W = 256), RoPE dims 64..127 rotated before one 128-wide quantiser block, fp32
+// scale, NORMAL page layout.
 #include <algorithm>
 #include <cstring>
 
@@ -41,7 +41,8 @@ void finish_entry(const IndexerCompressorParams& p, int64_t i, float* c) {
   const int32_t bs = p.cache.block_size;
   const int32_t row = static_cast<int32_t>(slot % bs);
   uint8_t* page = p.cache.base + (slot / bs) * p.cache.block_stride;
-  const int e = quantize_block(x, kHead, page + indexer_value_offset_in_page(p.cache.layout, row, 0));
+  const int e =
+      quantize_block(x, kHead, page + indexer_value_offset_in_page(p.cache.layout, row, 0));
   const float scale = indexer_scale_of_exponent(e);
   std::memcpy(page + indexer_scale_offset_in_page(bs, row), &scale, sizeof(scale));
 }

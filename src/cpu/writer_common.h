@@ -1,9 +1,9 @@
 // src/cpu/writer_common.h: pieces shared by the CPU cache writers (SPEC 3).
 //
 // The row encoder (quantise NoPE, store RoPE as bf16) is inline here. The compressor's pooling and
-// RMSNorm are defined once, in compressor.cpp, and used by both the single-pass and the two-stage form
-// and by the indexer compressor, so every form runs the same float operations in the same order and
-// their rows are byte-identical.
+// RMSNorm are defined once, in compressor.cpp, and used by both the single-pass and the two-stage
+// form and by the indexer compressor, so every form runs the same float operations in the same
+// order and their rows are byte-identical.
 #pragma once
 
 #include <cmath>
@@ -61,7 +61,8 @@ inline void encode_mla_row(const float* nope, const float* rope, bool sanitise, 
   }
 }
 
-// ---- compressor state and pooling (defined in compressor.cpp) ------------------------------------
+// ---- compressor state and pooling (defined in compressor.cpp)
+// ------------------------------------
 
 // Reads state rows of one request through the state block table (SPEC 3.2).
 struct StateRows {
@@ -80,7 +81,8 @@ struct StateRows {
 };
 
 // The geometry of one pooled entry: `ratio` rows per entry, overlap (ratio 4) doubles the window to
-// 2*ratio rows whose older half reads columns [0, head_dim) and current half [head_dim, 2*head_dim).
+// 2*ratio rows whose older half reads columns [0, head_dim) and current half [head_dim,
+// 2*head_dim).
 struct PoolShape {
   int32_t ratio = 4;
   int32_t head_dim = 512;

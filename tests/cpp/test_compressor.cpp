@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <iostream>
 #include <limits>
 #include <numeric>
 #include <string>
@@ -31,7 +30,9 @@ std::vector<int32_t> shuffled_ids(Rng& rng, int64_t n) {
   return ids;
 }
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
 
 // A batch for the compressor: R requests with context lengths L_r, a state cache holding every
 // row of positions < L_r (reached through a shuffled state block table with padded strides; all
@@ -229,7 +230,8 @@ std::string shape_name(int32_t ratio, int32_t state_bs, int32_t cbs) {
          " cbs=" + std::to_string(cbs);
 }
 
-// ---- state writer --------------------------------------------------------------------------------
+// ---- state writer
+// --------------------------------------------------------------------------------
 
 TEST(CompressorStateWriterCpu, StoresKvAndBiasedScoreStateBs1_4_8PaddedStrides) {
   const uint64_t seed = fresh_seed();
@@ -241,8 +243,8 @@ TEST(CompressorStateWriterCpu, StoresKvAndBiasedScoreStateBs1_4_8PaddedStrides) 
   for (Shape shape : {Shape{4, 512}, Shape{128, 512}, Shape{4, 128}}) {
     for (int32_t bs : {1, 4, 8}) {
       for (bool with_ape : {false, true}) {
-        SCOPED_TRACE(shape_name(shape.ratio, bs, 0) + " head_dim=" + std::to_string(shape.head_dim) +
-                     (with_ape ? " ape" : " no ape"));
+        SCOPED_TRACE(shape_name(shape.ratio, bs, 0) + " head_dim=" +
+                     std::to_string(shape.head_dim) + (with_ape ? " ape" : " no ape"));
         const int64_t w = (shape.ratio == 4 ? 2 : 1) * int64_t{shape.head_dim};
         StateCacheView view;
         view.num_blocks = 5;
@@ -282,12 +284,13 @@ TEST(CompressorStateWriterCpu, StoresKvAndBiasedScoreStateBs1_4_8PaddedStrides) 
         std::vector<float> want = before;  // the spec's formula, element by element
         for (int64_t i = 0; i < n; ++i) {
           if (slots[i] < 0) continue;
-          float* row = want.data() + (slots[i] / bs) * view.block_stride +
-                       (slots[i] % bs) * view.row_stride;
+          float* row =
+              want.data() + (slots[i] / bs) * view.block_stride + (slots[i] % bs) * view.row_stride;
           for (int64_t j = 0; j < w; ++j) {
             row[j] = kv[i * kv_stride + j];
             const float bias = with_ape ? ape[(positions[i] % shape.ratio) * w + j] : 0.0f;
-            row[w + j] = with_ape ? score[i * score_stride + j] + bias : score[i * score_stride + j];
+            row[w + j] =
+                with_ape ? score[i * score_stride + j] + bias : score[i * score_stride + j];
           }
         }
         ASSERT_EQ(std::memcmp(want.data(), state.data(), state.size() * sizeof(float)), 0);
@@ -296,7 +299,8 @@ TEST(CompressorStateWriterCpu, StoresKvAndBiasedScoreStateBs1_4_8PaddedStrides) 
   }
 }
 
-// ---- KV compressor vs the float64 reference ------------------------------------------------------
+// ---- KV compressor vs the float64 reference
+// ------------------------------------------------------
 
 void expect_compressor_matches_reference(Rng& rng, int32_t ratio, int64_t max_chunk,
                                          ref::Agreement& agreement) {
@@ -328,7 +332,6 @@ TEST(CompressorCpu, Ratio4OverlapMatchesFloat64ReferenceStateBs1_4_8) {
   expect_compressor_matches_reference(rng, 4, 3, agreement);   // MTP-sized chunks
   expect_compressor_matches_reference(rng, 4, 40, agreement);  // prefill chunks
   EXPECT_TRUE(agreement.at_least(0.99));
-  std::cout << agreement.at_least(0.99).message() << "\n";
 }
 
 TEST(CompressorCpu, Ratio128MatchesFloat64ReferenceStateBs1_4_8) {
@@ -339,7 +342,6 @@ TEST(CompressorCpu, Ratio128MatchesFloat64ReferenceStateBs1_4_8) {
   expect_compressor_matches_reference(rng, 128, 3, agreement);
   expect_compressor_matches_reference(rng, 128, 200, agreement);
   EXPECT_TRUE(agreement.at_least(0.99));
-  std::cout << agreement.at_least(0.99).message() << "\n";
 }
 
 TEST(CompressorCpu, TwoStageIsByteIdenticalToSinglePassRatio4AndRatio128) {
@@ -452,7 +454,8 @@ TEST(CompressorCpu, StateWriterThenCompressInOneMtpBatch) {
   }
 }
 
-// ---- sanitising contract on poisoned inputs (SPEC 5) ---------------------------------------------
+// ---- sanitising contract on poisoned inputs (SPEC 5)
+// ---------------------------------------------
 
 TEST(CompressorCpu, SanitisingModeOnPoisonedInputsEqualsScrubbedLegacyRows) {
   const uint64_t seed = fresh_seed();
@@ -477,7 +480,8 @@ TEST(CompressorCpu, SanitisingModeOnPoisonedInputsEqualsScrubbedLegacyRows) {
       row[s.width() + rng.randint(0, s.width() - 1)] = kNaN;
     }
     // NaN RoPE: a NaN cos or sin in every window-start row.
-    for (int64_t pos = 0; pos < s.rope.rows; pos += ratio) s.rope.row(pos)[rng.randint(0, 63)] = kNaN;
+    for (int64_t pos = 0; pos < s.rope.rows; pos += ratio)
+      s.rope.row(pos)[rng.randint(0, 63)] = kNaN;
 
     MlaCacheBuffer legacy = s.mla_cache(rng);
     MlaCacheBuffer sanitised = legacy;
@@ -497,7 +501,8 @@ TEST(CompressorCpu, SanitisingModeOnPoisonedInputsEqualsScrubbedLegacyRows) {
   }
 }
 
-// ---- indexer compressor --------------------------------------------------------------------------
+// ---- indexer compressor
+// --------------------------------------------------------------------------
 
 TEST(IndexerCompressorCpu, MatchesFloat64ReferenceStateBs1_4_8NormalLayout) {
   const uint64_t seed = fresh_seed();
@@ -524,7 +529,6 @@ TEST(IndexerCompressorCpu, MatchesFloat64ReferenceStateBs1_4_8NormalLayout) {
     }
   }
   EXPECT_TRUE(agreement.at_least(0.99));
-  std::cout << agreement.at_least(0.99).message() << "\n";
 }
 
 TEST(IndexerCompressorCpu, TwoStageIsByteIdenticalToSinglePass) {
@@ -577,7 +581,8 @@ TEST(IndexerCompressorCpu, SanitisingZeroesNaNRopeBeforeQuantising) {
   }
 }
 
-// ---- validation ----------------------------------------------------------------------------------
+// ---- validation
+// ----------------------------------------------------------------------------------
 
 // A small valid ratio-4 batch and the index of a token that stores an entry.
 struct CompressorValidateFixture {
@@ -615,9 +620,9 @@ TEST(CompressorValidate, StateBlockIdOutsideStateCacheNamesTableEntry) {
   const int32_t req = f.s.requests[f.storing];
   const int64_t col = f.s.positions[f.storing] / f.s.state_bs;
   f.s.table[req * f.s.table_stride + col] = static_cast<int32_t>(f.s.num_state_blocks);
-  expect_error_naming([&] { compress(f.s.params(f.cache)); },
-                      "'state_block_table[" + std::to_string(req) + "][" + std::to_string(col) +
-                          "]'");
+  expect_error_naming(
+      [&] { compress(f.s.params(f.cache)); },
+      "'state_block_table[" + std::to_string(req) + "][" + std::to_string(col) + "]'");
   EXPECT_EQ(f.cache.bytes, f.before);
 }
 

@@ -79,7 +79,8 @@ std::string case_name(int32_t bs, int64_t stride) {
   return "bs=" + std::to_string(bs) + " block_stride=" + std::to_string(stride);
 }
 
-// ---- window writer vs reference ------------------------------------------------------------------
+// ---- window writer vs reference
+// ------------------------------------------------------------------
 
 TEST(WindowWriterCpu, MatchesReferenceBs1To256UnpaddedAndPaddedStrides) {
   const uint64_t seed = fresh_seed();
@@ -145,8 +146,8 @@ TEST(WindowWriterCpu, HandBuiltRowBs2PaddedStride) {
   write_window(p);
 
   std::vector<uint8_t> want(2 * kStride, 0xAB);
-  uint8_t* data = want.data() + kStride + 576;                   // page 1, row 1
-  uint8_t* scale = want.data() + kStride + kBs * 576 + 8;        // page 1 scale plane, row 1
+  uint8_t* data = want.data() + kStride + 576;             // page 1, row 1
+  uint8_t* scale = want.data() + kStride + kBs * 576 + 8;  // page 1 scale plane, row 1
   std::fill_n(data, 448, 0x00);
   data[0] = 0x78;  // 256 = 2^8: exponent field 15, mantissa 0
   data[1] = 0xF0;  // -128
@@ -202,7 +203,8 @@ TEST(WindowWriterCpu, EmptyBatchWithNullPointersIsANoOp) {
   EXPECT_EQ(cache.bytes, before);
 }
 
-// ---- sanitising contract (SPEC 5) ----------------------------------------------------------------
+// ---- sanitising contract (SPEC 5)
+// ----------------------------------------------------------------
 
 TEST(WindowWriterCpu, SanitisingModeOnPoisonedInputsEqualsScrubbedLegacyRows) {
   const uint64_t seed = fresh_seed();
@@ -255,7 +257,8 @@ TEST(WindowWriterCpu, SanitisingModeOnPoisonedInputsEqualsScrubbedLegacyRows) {
   EXPECT_GT(inf_tiles, 0);
 }
 
-// ---- validation ----------------------------------------------------------------------------------
+// ---- validation
+// ----------------------------------------------------------------------------------
 
 struct WindowValidateFixture {
   Rng rng{fresh_seed()};
@@ -302,7 +305,8 @@ TEST(WindowWriterValidate, BadStridesAndPointersNameTheArgument) {
   EXPECT_EQ(f.cache.bytes, f.before);
 }
 
-// ---- row decoders --------------------------------------------------------------------------------
+// ---- row decoders
+// --------------------------------------------------------------------------------
 
 TEST(DequantizeRow, DecodesHandBuiltRowIncludingCodes0And255) {
   // Slot 4 of a cache of 3-token pages: page 1, row 1; padded stride.

@@ -594,7 +594,7 @@ PartialParams partial_params(const DecodeParams& p, int32_t num_splits, void* wo
   if (p.adaptive_splits) {
     PlanShape shape{p.num_tokens, p.num_heads, width_of(p.main_list, p.num_tokens),
                     p.has_extra ? width_of(p.extra_list, p.num_tokens) : 0,
-                    cuda::current_device_sms()};
+                    p.num_sms > 0 ? p.num_sms : cuda::current_device_sms()};
     k.one_wave = adaptive_one_wave(shape, num_splits);
   }
   if (num_splits > 1) {

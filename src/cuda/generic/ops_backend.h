@@ -9,6 +9,8 @@
 // captured in a CUDA graph.
 #pragma once
 
+#include <cstdint>
+
 #include "sparsemla/gather.h"
 #include "sparsemla/lists.h"
 #include "sparsemla/writer.h"
@@ -29,5 +31,9 @@ void build_ragged_from_dense(const DenseToRaggedParams& p);
 void build_window_lists(const WindowListParams& p);
 void build_topk_lists(const TopkListParams& p);
 void build_compressed_all_lists(const CompressedAllListParams& p);
+
+// Test hook: y[i] = exp_portable(x[i]) evaluated on the device (n device floats each), so tests
+// can compare it bit for bit with the host evaluation.
+void device_exp_portable(const float* x, float* y, int64_t n, void* stream);
 
 }  // namespace sparsemla::cuda_generic

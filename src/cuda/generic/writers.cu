@@ -584,6 +584,13 @@ void launch_compressor(const PoolArgs& a, const FinishArgs& f, float* scratch, v
   cuda::check_cuda(cudaGetLastError(), op);
 }
 
+__global__ void exp_kernel(const float* x, float* y, int64_t n) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
+    y[i] = exp_portable(x[i]);
+  }
+}
+
 bool aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
@@ -651,6 +658,12 @@ void compress_indexer(const IndexerCompressorParams& p) {
       pool_args(p, /*ratio=*/4, kIndexerHead, p.cache.num_blocks * int64_t{p.cache.block_size});
   const FinishArgs f = finish_args(p, p.cache.base, p.cache.block_stride, p.cache.block_size);
   launch_compressor<kIndexerHead>(a, f, p.scratch, p.stream, "compress_indexer launch");
+}
+
+void device_exp_portable(const float* x, float* y, int64_t n, void* stream) {
+  if (n == 0) return;
+  exp_kernel<<<grid_for((n + 255) / 256), 256, 0, as_stream(stream)>>>(x, y, n);
+  cuda::check_cuda(cudaGetLastError(), "device_exp_portable launch");
 }
 
 }  // namespace sparsemla::cuda_generic

@@ -18,7 +18,9 @@ constexpr double kE4m3Max = 448.0;
 constexpr uint8_t kE4m3MaxCode = 0x7E;
 constexpr int kPairs = 32;
 
-uint16_t load_bf16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
+uint16_t load_bf16(const uint8_t* p) {
+  return static_cast<uint16_t>(p[0] | (p[1] << 8));
+}
 
 std::string hex(unsigned v) {
   std::ostringstream s;
@@ -70,9 +72,9 @@ bool rope_value_close(double got, double exact, uint16_t want_bits, double pair_
     const int k = j / 2;
     const double mag = std::hypot(ref.rope[2 * k], ref.rope[2 * k + 1]);
     if (!rope_value_close(got, ref.rope[j], ref.rope_bits[j], mag)) {
-      return ::testing::AssertionFailure() << "RoPE dim " << 448 + j << ": got " << got
-                                           << ", reference " << ref.rope[j] << " (pair magnitude "
-                                           << mag << ")";
+      return ::testing::AssertionFailure()
+             << "RoPE dim " << 448 + j << ": got " << got << ", reference " << ref.rope[j]
+             << " (pair magnitude " << mag << ")";
     }
   }
   return ::testing::AssertionSuccess();
@@ -80,16 +82,17 @@ bool rope_value_close(double got, double exact, uint16_t want_bits, double pair_
 
 }  // namespace
 
-// ---- codecs --------------------------------------------------------------------------------------
+// ---- codecs
+// --------------------------------------------------------------------------------------
 
 double bf16_round(double x) {
   if (!std::isfinite(x) || x == 0.0) return x;
   const double a = std::fabs(x);
   int ex = 0;
-  std::frexp(a, &ex);                        // a = m * 2^ex, m in [0.5, 1): leading bit 2^(ex-1)
+  std::frexp(a, &ex);                          // a = m * 2^ex, m in [0.5, 1): leading bit 2^(ex-1)
   const int lsb = std::max(ex - 1 - 7, -133);  // 8 significant bits; subnormal spacing 2^-133
   const double q = std::ldexp(1.0, lsb);
-  double r = std::nearbyint(a / q) * q;      // default rounding mode: ties to even
+  double r = std::nearbyint(a / q) * q;  // default rounding mode: ties to even
   if (r >= std::ldexp(1.0, 128)) r = kInf;
   return std::copysign(r, x);
 }
@@ -138,7 +141,9 @@ uint8_t e4m3_encode(double y) {
   return sign | static_cast<uint8_t>(code);
 }
 
-double ue8m0_value(uint8_t code) { return code == 255 ? kInf : std::ldexp(1.0, code - 127); }
+double ue8m0_value(uint8_t code) {
+  return code == 255 ? kInf : std::ldexp(1.0, code - 127);
+}
 
 QuantBlock quantize(const double* x, int n) {
   QuantBlock q;
@@ -151,7 +156,7 @@ QuantBlock quantize(const double* x, int n) {
     q.exponent_inf = true;
   } else {
     int e = static_cast<int>(std::ceil(std::log2(q.amax / kE4m3Max)));
-    while (std::ldexp(kE4m3Max, e) < q.amax) ++e;        // smallest e with amax <= 448*2^e
+    while (std::ldexp(kE4m3Max, e) < q.amax) ++e;  // smallest e with amax <= 448*2^e
     while (std::ldexp(kE4m3Max, e - 1) >= q.amax) --e;
     q.exponent = e;
     inv_scale = std::ldexp(1.0, -e);
@@ -170,7 +175,8 @@ uint8_t quant_code(const QuantBlock& q, int code_max) {
   return static_cast<uint8_t>(std::clamp(q.exponent + 127, 0, code_max));
 }
 
-// ---- rows ----------------------------------------------------------------------------------------
+// ---- rows
+// ----------------------------------------------------------------------------------------
 
 namespace {
 
@@ -217,7 +223,8 @@ IndexerRow indexer_row_from_normed(const double* normed128, const float* cos_sin
   return row;
 }
 
-// ---- compressor math -----------------------------------------------------------------------------
+// ---- compressor math
+// -----------------------------------------------------------------------------
 
 std::vector<double> pool(const StateCacheView& state, const int32_t* table, int64_t table_stride,
                          int32_t req, int64_t pos, int ratio, int head_dim) {
@@ -229,7 +236,8 @@ std::vector<double> pool(const StateCacheView& state, const int32_t* table, int6
     const int64_t q = pos - rows + 1 + t;
     if (q < 0) continue;
     const int64_t block = table[req * table_stride + q / state.block_size];
-    row_ptr[t] = state.base + block * state.block_stride + (q % state.block_size) * state.row_stride;
+    row_ptr[t] =
+        state.base + block * state.block_stride + (q % state.block_size) * state.row_stride;
   }
   std::vector<double> c(head_dim);
   for (int d = 0; d < head_dim; ++d) {
@@ -277,8 +285,8 @@ std::vector<MlaEntry> compress(const CompressorParams& p) {
   for (int64_t i = 0; i < p.num_tokens; ++i) {
     const int64_t pos = p.positions[i];
     if (p.state_slots[i] < 0 || p.out_slots[i] < 0 || (pos + 1) % r != 0) continue;
-    const auto pooled = pool(p.state, p.state_block_table, p.state_table_stride,
-                             p.request_index[i], pos, r, 512);
+    const auto pooled =
+        pool(p.state, p.state_block_table, p.state_table_stride, p.request_index[i], pos, r, 512);
     const auto normed = rms_norm(pooled, p.norm_weight, p.norm_eps);
     const float* cs = p.rope.data + (pos / r) * r * p.rope.row_stride;
     out.push_back({i, p.out_slots[i], mla_row_from_normed(normed.data(), cs, p.sanitise)});
@@ -291,8 +299,8 @@ std::vector<IndexerEntry> compress_indexer(const IndexerCompressorParams& p) {
   for (int64_t i = 0; i < p.num_tokens; ++i) {
     const int64_t pos = p.positions[i];
     if (p.state_slots[i] < 0 || p.out_slots[i] < 0 || (pos + 1) % 4 != 0) continue;
-    const auto pooled = pool(p.state, p.state_block_table, p.state_table_stride,
-                             p.request_index[i], pos, 4, 128);
+    const auto pooled =
+        pool(p.state, p.state_block_table, p.state_table_stride, p.request_index[i], pos, 4, 128);
     const auto normed = rms_norm(pooled, p.norm_weight, p.norm_eps);
     const float* cs = p.rope.data + (pos / 4) * 4 * p.rope.row_stride;
     out.push_back({i, p.out_slots[i], indexer_row_from_normed(normed.data(), cs, p.sanitise)});
@@ -300,15 +308,16 @@ std::vector<IndexerEntry> compress_indexer(const IndexerCompressorParams& p) {
   return out;
 }
 
-// ---- comparisons ---------------------------------------------------------------------------------
+// ---- comparisons
+// ---------------------------------------------------------------------------------
 
 ::testing::AssertionResult window_row_matches(const MlaRow& ref, const uint8_t* data,
                                               const uint8_t* scale) {
   for (int d = 0; d < 448; ++d) {
     if (data[d] != ref.bytes[d]) {
-      return ::testing::AssertionFailure() << "NoPE byte " << d << ": got " << hex(data[d])
-                                           << ", want " << hex(ref.bytes[d]) << " (value "
-                                           << ref.nope[d] << ")";
+      return ::testing::AssertionFailure()
+             << "NoPE byte " << d << ": got " << hex(data[d]) << ", want " << hex(ref.bytes[d])
+             << " (value " << ref.nope[d] << ")";
     }
   }
   for (int t = 0; t < 7; ++t) {
@@ -326,18 +335,18 @@ std::vector<IndexerEntry> compress_indexer(const IndexerCompressorParams& p) {
   for (int t = 0; t < 7; ++t) {
     const int got = scale[t], want = ref.codes[t];
     if (!exponents_agree(got, want, ref.tiles[t].amax)) {
-      return ::testing::AssertionFailure() << "scale code of tile " << t << ": got " << got
-                                           << ", want " << want << " (reference amax "
-                                           << ref.tiles[t].amax << ")";
+      return ::testing::AssertionFailure()
+             << "scale code of tile " << t << ": got " << got << ", want " << want
+             << " (reference amax " << ref.tiles[t].amax << ")";
     }
     const double step = std::ldexp(16.0, std::max(got, want) - 127);  // half an e4m3 step at 448
     for (int d = 64 * t; d < 64 * t + 64; ++d) {
       const double value = e4m3_value(data[d]) * ue8m0_value(scale[t]);
       const double tol = step + bf16_ulp(ref.nope[d]);
       if (!(std::fabs(value - ref.nope[d]) <= tol)) {
-        return ::testing::AssertionFailure() << "NoPE dim " << d << ": got " << value
-                                             << ", reference " << ref.nope[d] << " (tolerance "
-                                             << tol << ")";
+        return ::testing::AssertionFailure()
+               << "NoPE dim " << d << ": got " << value << ", reference " << ref.nope[d]
+               << " (tolerance " << tol << ")";
       }
     }
   }
@@ -352,9 +361,9 @@ std::vector<IndexerEntry> compress_indexer(const IndexerCompressorParams& p) {
   if (!(frac == 0.5)) return ::testing::AssertionFailure() << "scale " << scale << " not 2^e";
   --got_e;  // scale = 0.5 * 2^got_e
   if (ref.block.exponent_inf || !exponents_agree(got_e, ref.block.exponent, ref.block.amax)) {
-    return ::testing::AssertionFailure() << "scale 2^" << got_e << ", reference 2^"
-                                         << ref.block.exponent << " (amax " << ref.block.amax
-                                         << ")";
+    return ::testing::AssertionFailure()
+           << "scale 2^" << got_e << ", reference 2^" << ref.block.exponent << " (amax "
+           << ref.block.amax << ")";
   }
   const double step = std::ldexp(16.0, std::max(got_e, ref.block.exponent));
   for (int d = 0; d < 128; ++d) {
@@ -410,15 +419,16 @@ void Agreement::add(const IndexerRow& ref, const uint8_t* values, float scale) {
     return ::testing::AssertionSuccess() << "agreement: RoPE " << rope_equal << "/" << rope_values
                                          << ", e4m3 " << quant_equal << "/" << quant_values;
   }
-  return ::testing::AssertionFailure() << "exact agreement with the float64 reference below "
-                                       << fraction << ": RoPE bf16 " << rope_equal << "/"
-                                       << rope_values << ", e4m3 bytes " << quant_equal << "/"
-                                       << quant_values;
+  return ::testing::AssertionFailure()
+         << "exact agreement with the float64 reference below " << fraction << ": RoPE bf16 "
+         << rope_equal << "/" << rope_values << ", e4m3 bytes " << quant_equal << "/"
+         << quant_values;
 }
 
 }  // namespace sparsemla::test::ref
 
-// ---- fixtures ------------------------------------------------------------------------------------
+// ---- fixtures
+// ------------------------------------------------------------------------------------
 namespace sparsemla::test {
 
 namespace {
@@ -428,8 +438,9 @@ namespace {
                                       const std::vector<uint8_t>& got) {
   for (size_t i = 0; i < want.size(); ++i) {
     if (want[i] != got[i]) {
-      return ::testing::AssertionFailure() << "byte " << i << " outside the written rows changed: "
-                                           << int{want[i]} << " -> " << int{got[i]};
+      return ::testing::AssertionFailure()
+             << "byte " << i << " outside the written rows changed: " << int{want[i]} << " -> "
+             << int{got[i]};
     }
   }
   return ::testing::AssertionSuccess();
