@@ -9,11 +9,11 @@ Timing time_decode_cpu(const Problem& pb, const TimingOptions& o) {
   Timing t;
   DecodeParams p = pb.params();
   p.path = Path::Cpu;
+  t.out.assign(static_cast<size_t>(pb.tokens) * pb.heads * 512, 0x7FC1);
+  p.out = t.out.data();
   t.splits = decode_num_splits(p);
   p.num_splits = t.splits;
   std::vector<uint8_t> ws(decode_workspace_size(pb.tokens, pb.heads, t.splits));
-  t.out.assign(static_cast<size_t>(pb.tokens) * pb.heads * 512, 0x7FC1);
-  p.out = t.out.data();
   for (int32_t i = 0; i < o.warmup; ++i) sparse_decode(p, ws.data(), ws.size());
   for (int32_t i = 0; i < o.reps; ++i) {
     const auto t0 = std::chrono::steady_clock::now();

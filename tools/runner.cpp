@@ -20,11 +20,11 @@ DecodeRun run_decode_cpu(const Problem& pb, int32_t splits, int32_t repeat) {
   DecodeParams p = pb.params();
   p.path = Path::Cpu;
   p.num_splits = splits;
+  r.out.assign(static_cast<size_t>(pb.tokens) * pb.heads * 512, 0x7FC1);  // poisoned: NaN
+  p.out = r.out.data();
   r.splits = decode_num_splits(p);
   p.num_splits = r.splits;
   std::vector<uint8_t> workspace(decode_workspace_size(pb.tokens, pb.heads, r.splits));
-  r.out.assign(static_cast<size_t>(pb.tokens) * pb.heads * 512, 0x7FC1);  // poisoned: NaN
-  p.out = r.out.data();
   std::vector<double> times;
   for (int32_t i = 0; i < repeat; ++i) {
     const auto t0 = std::chrono::steady_clock::now();

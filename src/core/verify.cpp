@@ -19,13 +19,17 @@ bool same_special(double a, double b) {
 }  // namespace
 
 std::string VerifyResult::summary() const {
-  char buf[256];
-  std::snprintf(buf, sizeof(buf),
-                "%s: %lld elements, max abs err %.3g, cos diff %.3g, %lld special mismatches, %lld "
-                "out of tolerance",
-                passed ? "PASS" : "FAIL", static_cast<long long>(elements), max_abs_error,
-                cosine_diff, static_cast<long long>(special_mismatches),
-                static_cast<long long>(tolerance_failures));
+  char buf[384];
+  const int n = std::snprintf(
+      buf, sizeof(buf),
+      "%s: %lld elements, max abs err %.3g, cos diff %.3g, %lld special mismatches, %lld out of "
+      "tolerance",
+      passed ? "PASS" : "FAIL", static_cast<long long>(elements), max_abs_error, cosine_diff,
+      static_cast<long long>(special_mismatches), static_cast<long long>(tolerance_failures));
+  if (first_bad >= 0 && n > 0 && n < static_cast<int>(sizeof(buf)))
+    std::snprintf(buf + n, sizeof(buf) - n, "; first at flat index %lld (dim %lld): out %.6g, ref %.6g",
+                  static_cast<long long>(first_bad), static_cast<long long>(first_bad % 512),
+                  first_bad_out, first_bad_ref);
   return buf;
 }
 
@@ -43,7 +47,7 @@ VerifyResult verify_decode_output(const bf16_bits* out, int64_t num_tokens, int3
         const int64_t flat = (t * num_heads + h) * 512 + d;
         if (!same_special(a, b)) {
           ++r.special_mismatches;
-          if (r.first_bad < 0) r.first_bad = flat;
+          if (r.first_bad < 0) r.first_bad = flat, r.first_bad_out = a, r.first_bad_ref = b;
           continue;
         }
         if (!std::isfinite(a)) continue;
@@ -51,7 +55,7 @@ VerifyResult verify_decode_output(const bf16_bits* out, int64_t num_tokens, int3
         r.max_abs_error = std::fmax(r.max_abs_error, diff);
         if (!(diff < kAbsTol || diff / (std::fabs(b) + 1e-6) < kRelTol)) {
           ++r.tolerance_failures;
-          if (r.first_bad < 0) r.first_bad = flat;
+          if (r.first_bad < 0) r.first_bad = flat, r.first_bad_out = a, r.first_bad_ref = b;
         }
         dot += a * b;
         norms += a * a + b * b;
