@@ -40,7 +40,8 @@ void pool_channels(const StateRows& rows, const PoolShape& shape, int32_t req, i
     const float* kv = row + column(t);
     const float* score = row + score_off + column(t);
     for (int c = 0; c < n; ++c) {
-      const float w = std::exp(score[c] - max_score[c]);
+      // exp_portable: the same bits on host and device, so CPU and GPU rows are byte-identical.
+      const float w = exp_portable(score[c] - max_score[c]);
       denom[c] += w;
       acc[c] += w * kv[c];
     }

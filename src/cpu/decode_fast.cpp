@@ -13,6 +13,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <memory>
 
@@ -30,8 +31,6 @@ constexpr int kNope = Fp8DsMla::kNopeDims;
 constexpr int kPairs = Fp8DsMla::kRopeDims / 2;
 constexpr int kKeyBlock = kPlanKeyBlock;    // keys per online-softmax step (bk = 32)
 constexpr int kHeadBlock = kPlanHeadBlock;  // heads sharing one dequantised key block (16)
-constexpr int kLanes = 16;                  // fixed fp32 lanes of the dot product
-constexpr int kChunk = 32;                  // output dims held in registers during P.V
 constexpr int kMaxSplits = kSpecialisedMaxSplits;
 constexpr float kNoMass = -FLT_MAX;         // m of a split without mass (SPEC 4.3)
 
@@ -92,21 +91,48 @@ struct Scratch {
   alignas(64) float q[kHeadBlock][kDim];
   alignas(64) float acc[kHeadBlock][kDim];
   float score[kHeadBlock][kKeyBlock];
-  float prob[kKeyBlock];
+  float prob[kHeadBlock][kKeyBlock];  // bf16-rounded probabilities of the current block
+  float alpha[kHeadBlock];            // rescale of acc for the current block
   float m[kHeadBlock];
   float l[kHeadBlock];
 };
 
-// <a, b> over 512 dims in fp32 with 16 fixed lanes and a fixed tree: vectorisable, deterministic.
-float dot512(const float* a, const float* b) {
-  float lane[kLanes] = {};
-  for (int d = 0; d < kDim; d += kLanes) {
-    for (int u = 0; u < kLanes; ++u) lane[u] += a[d + u] * b[d + u];
+// Four fp32 lanes in one vector register (GCC/Clang vector extension: SSE2 on x86-64, NEON on
+// arm64, with the library's default flags). Element-wise IEEE arithmetic, like scalar code.
+using F4 = float __attribute__((vector_size(16)));
+inline F4 load4(const float* p) {
+  F4 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store4(float* p, F4 v) { std::memcpy(p, &v, sizeof v); }
+inline F4 splat4(float x) { return F4{x, x, x, x}; }
+inline float sum4(F4 v) { return (v[0] + v[2]) + (v[1] + v[3]); }
+
+// score[h][j] = scale * <q_h, k_j> for NH heads x NK keys from (h0, j0). Every (h, j) accumulates
+// in 4 lanes over d in order, then a fixed tree, so its bits do not depend on the tile shape; the
+// tile only shares loads (2 heads x 4 keys: 6 loads per 8 vector multiply-adds).
+template <int NH, int NK>
+void score_tile(Scratch& sc, int h0, int j0, float scale) {
+  F4 acc[NH][NK] = {};
+  for (int d = 0; d < kDim; d += 4) {
+    F4 q[NH];
+    for (int i = 0; i < NH; ++i) q[i] = load4(sc.q[h0 + i] + d);
+    for (int k = 0; k < NK; ++k) {
+      const F4 key = load4(sc.keys[j0 + k] + d);
+      for (int i = 0; i < NH; ++i) acc[i][k] += q[i] * key;
+    }
   }
-  for (int width = kLanes / 2; width >= 1; width /= 2) {
-    for (int u = 0; u < width; ++u) lane[u] += lane[u + width];
+  for (int i = 0; i < NH; ++i) {
+    for (int k = 0; k < NK; ++k) sc.score[h0 + i][j0 + k] = scale * sum4(acc[i][k]);
   }
-  return lane[0];
+}
+
+template <int NH>
+void score_heads(Scratch& sc, int h0, int n, float scale) {
+  int j = 0;
+  for (; j + 4 <= n; j += 4) score_tile<NH, 4>(sc, h0, j, scale);
+  for (; j < n; ++j) score_tile<NH, 1>(sc, h0, j, scale);
 }
 
 // K as the kernels see it: dequantised (scrubbed per the gate), then rounded to bf16.
@@ -115,8 +141,9 @@ void load_key(const CacheView& cache, int64_t slot, bool scrub, float* k) {
   for (int d = 0; d < kDim; ++d) k[d] = round_to_bf16(k[d]);
 }
 
-// One online-softmax step of head h over the n keys in scratch (SPEC 4.2 numerics).
-void absorb_block(Scratch& sc, int h, int n) {
+// Online-softmax step of head h over the n scored keys (SPEC 4.2 numerics): new max, rescale
+// factor, fp32 probabilities summed into l, bf16-rounded copies kept for P.V.
+void softmax_step(Scratch& sc, int h, int n) {
   const float* z = sc.score[h];
   float block_max = kNoMass;
   for (int j = 0; j < n; ++j) block_max = std::fmax(block_max, z[j]);
@@ -125,21 +152,37 @@ void absorb_block(Scratch& sc, int h, int n) {
   float p_sum = 0.0f;
   for (int j = 0; j < n; ++j) {
     const float prob = std::exp(z[j] - m_new);
-    p_sum += prob;                      // l sums the fp32 probabilities ...
-    sc.prob[j] = round_to_bf16(prob);   // ... P.V uses them rounded to bf16
+    p_sum += prob;                         // l sums the fp32 probabilities ...
+    sc.prob[h][j] = round_to_bf16(prob);   // ... P.V uses them rounded to bf16
   }
   sc.l[h] = sc.l[h] * alpha + p_sum;
   sc.m[h] = m_new;
-  float* acc = sc.acc[h];
-  for (int d0 = 0; d0 < kDim; d0 += kChunk) {
-    float a[kChunk];
-    for (int u = 0; u < kChunk; ++u) a[u] = acc[d0 + u] * alpha;
-    for (int j = 0; j < n; ++j) {
-      const float pj = sc.prob[j];
-      const float* k = sc.keys[j] + d0;
-      for (int u = 0; u < kChunk; ++u) a[u] += pj * k[u];
+  sc.alpha[h] = alpha;
+}
+
+// acc_h = acc_h * alpha_h + sum_j prob_h[j] * k_j for NH heads from h0 (NH = 1 or 2), 16 dims
+// per pass with the accumulators in registers; two heads share each load of a key. Per element
+// the order is fixed (rescale, then keys in order), so the bits do not depend on the pairing.
+template <int NH>
+void accumulate_pv(Scratch& sc, int h0, int n) {
+  constexpr int kVecs = 4;  // 16 dims
+  for (int d0 = 0; d0 < kDim; d0 += 4 * kVecs) {
+    F4 a[NH][kVecs];
+    for (int i = 0; i < NH; ++i) {
+      const F4 alpha = splat4(sc.alpha[h0 + i]);
+      for (int v = 0; v < kVecs; ++v) a[i][v] = load4(sc.acc[h0 + i] + d0 + 4 * v) * alpha;
     }
-    for (int u = 0; u < kChunk; ++u) acc[d0 + u] = a[u];
+    for (int j = 0; j < n; ++j) {
+      F4 key[kVecs];
+      for (int v = 0; v < kVecs; ++v) key[v] = load4(sc.keys[j] + d0 + 4 * v);
+      for (int i = 0; i < NH; ++i) {
+        const F4 p = splat4(sc.prob[h0 + i][j]);
+        for (int v = 0; v < kVecs; ++v) a[i][v] += p * key[v];
+      }
+    }
+    for (int i = 0; i < NH; ++i) {
+      for (int v = 0; v < kVecs; ++v) store4(sc.acc[h0 + i] + d0 + 4 * v, a[i][v]);
+    }
   }
 }
 
@@ -157,10 +200,12 @@ void absorb_segment(const CacheView& cache, const ListRow& row, SplitRange range
       }
     }
     if (n == 0) continue;
-    for (int h = 0; h < num_heads; ++h) {
-      for (int j = 0; j < n; ++j) sc.score[h][j] = scale * dot512(sc.q[h], sc.keys[j]);
-      absorb_block(sc, h, n);
-    }
+    int h = 0;
+    for (; h + 2 <= num_heads; h += 2) score_heads<2>(sc, h, n, scale);
+    if (h < num_heads) score_heads<1>(sc, h, n, scale);
+    for (h = 0; h < num_heads; ++h) softmax_step(sc, h, n);
+    for (h = 0; h + 2 <= num_heads; h += 2) accumulate_pv<2>(sc, h, n);
+    if (h < num_heads) accumulate_pv<1>(sc, h, n);
   }
 }
 

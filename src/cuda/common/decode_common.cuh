@@ -1,7 +1,7 @@
-// src/cuda/common/decode_common.cuh: device helpers shared by the GPU decode paths (SPEC 2.1, 4, 5):
-// untrusted ragged-row ranges, fp8_ds_mla row loads (16-byte vector loads when the cache is 16-byte
-// aligned, a byte-wise fallback otherwise), exact dequantisation with the NaN scrub, the adaptive
-// active-split rule of SPEC 4.5 and the split-K combine / finish math of SPEC 4.3.
+// src/cuda/common/decode_common.cuh: device helpers shared by the GPU decode paths (SPEC 2.1, 4,
+// 5): untrusted ragged-row ranges, fp8_ds_mla row loads (16-byte vector loads when the cache is
+// 16-byte aligned, a byte-wise fallback otherwise), exact dequantisation with the NaN scrub, the
+// adaptive active-split rule of SPEC 4.5 and the split-K combine / finish math of SPEC 4.3.
 //
 // Numerics: every helper here is exact or rounds once (bf16 RNE). Build without --use_fast_math /
 // -ftz=true: e4m3 subnormals and UE8M0 code 0 (2^-127) pass through fp32 denormals.
@@ -18,14 +18,14 @@
 
 namespace sparsemla::cuda {
 
-// ---- kernel-side views (plain structs, copied into kernel params) --------------------------------
-// A paged fp8_ds_mla cache as the kernels read it.
+// ---- kernel-side views (plain structs, copied into kernel params)
+// -------------------------------- A paged fp8_ds_mla cache as the kernels read it.
 struct DeviceCache {
   const uint8_t* base;
   int64_t num_slots;     // num_blocks * block_size: slots outside [0, num_slots) are invalid
   int64_t block_stride;  // bytes
   int32_t block_size;
-  int32_t aligned16;     // base and block_stride are multiples of 16: vector loads allowed
+  int32_t aligned16;  // base and block_stride are multiples of 16: vector loads allowed
 };
 
 // A ragged index list as the kernels read it; indptr and indices are never trusted.
@@ -38,16 +38,16 @@ struct DeviceList {
 // Output finishing (sink, normalisation, fused inverse RoPE, lse, bf16 store), shared by the
 // combine kernel and the one-split partial kernel.
 struct FinishParams {
-  const float* sink;          // [H] or null
-  const int64_t* positions;   // [T] or null: no inverse RoPE
-  const float* rope;          // [rope_rows, rope_stride] fp32: cos x32 | sin x32
+  const float* sink;         // [H] or null
+  const int64_t* positions;  // [T] or null: no inverse RoPE
+  const float* rope;         // [rope_rows, rope_stride] fp32: cos x32 | sin x32
   int64_t rope_rows;
   int64_t rope_stride;
-  __nv_bfloat16* out;         // [T, H, 512]
-  int64_t out_stride_token;   // elements
+  __nv_bfloat16* out;        // [T, H, 512]
+  int64_t out_stride_token;  // elements
   int64_t out_stride_head;
-  int32_t out_pair_aligned;   // out and both strides allow 4-byte (bf16 pair) stores
-  float* lse;                 // [T, H] or null
+  int32_t out_pair_aligned;  // out and both strides allow 4-byte (bf16 pair) stores
+  float* lse;                // [T, H] or null
   int64_t lse_stride_token;
   int64_t lse_stride_head;
 };
@@ -83,8 +83,8 @@ __device__ __forceinline__ int32_t ceil_div_i64(int64_t a, int64_t b) {
 }
 
 // SPEC 4.5: how many of the S splits do work for a row with these true lengths.
-__device__ __forceinline__ int32_t adaptive_work(int32_t len_main, int32_t len_extra, int32_t splits,
-                                                 int32_t one_wave) {
+__device__ __forceinline__ int32_t adaptive_work(int32_t len_main, int32_t len_extra,
+                                                 int32_t splits, int32_t one_wave) {
   constexpr int64_t kBk = 32;
   const int32_t it4 = ceil_div_i64(len_main, 4 * kBk) + ceil_div_i64(len_extra, 4 * kBk);
   int32_t work = splits;
@@ -118,7 +118,8 @@ __device__ __forceinline__ uint4 load_chunk16(const DeviceCache& c, int64_t off)
   for (int i = 0; i < 4; ++i) {
     const uint8_t* p = c.base + off + 4 * i;
     w[i] = static_cast<uint32_t>(__ldg(p)) | (static_cast<uint32_t>(__ldg(p + 1)) << 8) |
-           (static_cast<uint32_t>(__ldg(p + 2)) << 16) | (static_cast<uint32_t>(__ldg(p + 3)) << 24);
+           (static_cast<uint32_t>(__ldg(p + 2)) << 16) |
+           (static_cast<uint32_t>(__ldg(p + 3)) << 24);
   }
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
@@ -131,7 +132,8 @@ __device__ __forceinline__ uint2 load_scale8(const DeviceCache& c, int64_t off) 
   for (int i = 0; i < 2; ++i) {
     const uint8_t* p = c.base + off + 4 * i;
     w[i] = static_cast<uint32_t>(__ldg(p)) | (static_cast<uint32_t>(__ldg(p + 1)) << 8) |
-           (static_cast<uint32_t>(__ldg(p + 2)) << 16) | (static_cast<uint32_t>(__ldg(p + 3)) << 24);
+           (static_cast<uint32_t>(__ldg(p + 2)) << 16) |
+           (static_cast<uint32_t>(__ldg(p + 3)) << 24);
   }
   return make_uint2(w[0], w[1]);
 }
@@ -141,13 +143,16 @@ __device__ __forceinline__ uint32_t scale_code(uint2 word, int tile) {
   return (w >> (8 * (tile & 3))) & 0xFFu;
 }
 
-// ---- dequantisation and scrub (SPEC 2.1, 5) ------------------------------------------------------
-// UE8M0 as fp32 bits (code 0 = the subnormal 2^-127, 255 = +inf); never __nv_cvt_e8m0 (255 -> NaN).
+// ---- dequantisation and scrub (SPEC 2.1, 5)
+// ------------------------------------------------------ UE8M0 as fp32 bits (code 0 = the subnormal
+// 2^-127, 255 = +inf); never __nv_cvt_e8m0 (255 -> NaN).
 __device__ __forceinline__ float ue8m0_scale(uint32_t code) {
   return ue8m0_to_float(static_cast<uint8_t>(code));
 }
 
-__device__ __forceinline__ float scrub_nan(float v) { return v != v ? 0.0f : v; }
+__device__ __forceinline__ float scrub_nan(float v) {
+  return v != v ? 0.0f : v;
+}
 
 // e4m3 byte * scale, exact in fp32. The byte's bits placed into fp32 as (sign << 31) |
 // ((b & 0x7F) << 20) are exactly value * 2^-120 (normals and subnormals alike), so one multiply by

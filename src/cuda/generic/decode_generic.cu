@@ -7,8 +7,10 @@
 //      row offsets and 8-byte scale words into shared memory, one tile ahead of the gather;
 //   2. all threads load the 32 rows (16-byte chunks), dequantise FP8 x UE8M0 in registers, scrub
 //      NaN to +0, and store bf16 into shared memory (invalid keys: zero rows);
-//   3. Q.K: each warp multiplies the 16 x 512 Q tile by 8 keys (mma.sync m16n8k16, fp32 accumulate);
-//   4. online softmax in fp32 (natural-log units, scale applied; invalid keys score -FLT_MAX and get
+//   3. Q.K: each warp multiplies the 16 x 512 Q tile by 8 keys (mma.sync m16n8k16, fp32
+//   accumulate);
+//   4. online softmax in fp32 (natural-log units, scale applied; invalid keys score -FLT_MAX and
+//   get
 //      probability 0), probabilities rounded to bf16 for P.V, the denominator sums fp32 values;
 //   5. P.V: each warp owns 128 of the 512 output columns (16 n-tiles x 4 fp32 = 64 registers).
 // With S > 1 it writes the partials m, l [T, S, H] and acc [T, S, H, 512] (SPEC 4.3; a split with
@@ -40,29 +42,30 @@ using cuda::kNoScore;
 
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
-constexpr int kHeadTile = 16;                  // mma M
-constexpr int kKeyTile = 32;                   // keys per tile (SPEC 4.4 bk)
-constexpr int kDim = Fp8DsMla::kHeadDim;       // 512
-constexpr int kRowPitch = kDim + 8;            // bf16 per smem row: +16 bytes, ldmatrix conflict-free
-constexpr int kPPitch = kKeyTile + 8;          // bf16 per probability row
-constexpr int kSPitch = kKeyTile + 1;          // fp32 per score row
-constexpr int kChunksPerRow = Fp8DsMla::kDataBytes / 16;  // 36: 28 NoPE + 8 RoPE
-constexpr int kNopeChunks = Fp8DsMla::kNopeBytes / 16;    // 28
+constexpr int kHeadTile = 16;             // mma M
+constexpr int kKeyTile = 32;              // keys per tile (SPEC 4.4 bk)
+constexpr int kDim = Fp8DsMla::kHeadDim;  // 512
+constexpr int kRowPitch = kDim + 8;       // bf16 per smem row: +16 bytes, ldmatrix conflict-free
+constexpr int kPPitch = kKeyTile + 8;     // bf16 per probability row
+constexpr int kSPitch = kKeyTile + 1;     // fp32 per score row
+constexpr int kChunksPerRow = Fp8DsMla::kDataBytes / 16;          // 36: 28 NoPE + 8 RoPE
+constexpr int kNopeChunks = Fp8DsMla::kNopeBytes / 16;            // 28
 constexpr int kGatherJobs = kKeyTile * kChunksPerRow / kThreads;  // 9 chunks per thread
-constexpr int kColsPerWarp = kDim / kWarps;    // 128
-constexpr int kNTilesPerWarp = kColsPerWarp / 8;  // 16
+constexpr int kColsPerWarp = kDim / kWarps;                       // 128
+constexpr int kNTilesPerWarp = kColsPerWarp / 8;                  // 16
 static_assert(kKeyTile * kChunksPerRow % kThreads == 0);
 static_assert(kHeadTile == kPlanHeadBlock && kKeyTile == kPlanKeyBlock);
 
 // Shared memory carve-up (bytes, each piece 16-byte aligned).
-constexpr int kQBytes = kHeadTile * kRowPitch * 2;    // 16640
-constexpr int kKBytes = kKeyTile * kRowPitch * 2;     // 33280
-constexpr int kPBytes = kHeadTile * kPPitch * 2;      // 1280
-constexpr int kSBytes = kHeadTile * kSPitch * 4;      // 2112
-constexpr int kOffBytes = 2 * kKeyTile * 8;           // data offsets, two tile buffers
-constexpr int kScaleBytes = 2 * kKeyTile * 8;         // scale words, two tile buffers
-constexpr int kRowBytes = 3 * kHeadTile * 4;          // alpha, l, coefficient per head
-constexpr int kSmemBytes = kQBytes + kKBytes + kPBytes + kSBytes + kOffBytes + kScaleBytes + kRowBytes;
+constexpr int kQBytes = kHeadTile * kRowPitch * 2;  // 16640
+constexpr int kKBytes = kKeyTile * kRowPitch * 2;   // 33280
+constexpr int kPBytes = kHeadTile * kPPitch * 2;    // 1280
+constexpr int kSBytes = kHeadTile * kSPitch * 4;    // 2112
+constexpr int kOffBytes = 2 * kKeyTile * 8;         // data offsets, two tile buffers
+constexpr int kScaleBytes = 2 * kKeyTile * 8;       // scale words, two tile buffers
+constexpr int kRowBytes = 3 * kHeadTile * 4;        // alpha, l, coefficient per head
+constexpr int kSmemBytes =
+    kQBytes + kKBytes + kPBytes + kSBytes + kOffBytes + kScaleBytes + kRowBytes;
 // Blocks per SM the register budget aims at: 3 where shared memory allows 4 (228 KiB, sm_90+);
 // sm_80 (164 KiB) fits only 2 blocks of kSmemBytes anyway.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -79,7 +82,7 @@ struct PartialParams {
   const __nv_bfloat16* q;
   int64_t q_stride_token;
   int64_t q_stride_head;
-  int32_t q_vec16;     // q and its strides allow 16-byte loads
+  int32_t q_vec16;  // q and its strides allow 16-byte loads
   float scale;
   DeviceCache main_cache;
   DeviceCache extra_cache;
@@ -139,15 +142,15 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
 
 // ---- the partial kernel ------------------------------------------------------------------------
 struct Smem {
-  __nv_bfloat16* q;     // [16][kRowPitch]
-  __nv_bfloat16* k;     // [32][kRowPitch]
-  __nv_bfloat16* p;     // [16][kPPitch]
-  float* s;             // [16][kSPitch]
-  int64_t* data_off;    // [2][32] (-1: invalid key)
-  uint2* scale_word;    // [2][32]
-  float* alpha;         // [16]
-  float* row_l;         // [16]
-  float* row_coef;      // [16]
+  __nv_bfloat16* q;   // [16][kRowPitch]
+  __nv_bfloat16* k;   // [32][kRowPitch]
+  __nv_bfloat16* p;   // [16][kPPitch]
+  float* s;           // [16][kSPitch]
+  int64_t* data_off;  // [2][32] (-1: invalid key)
+  uint2* scale_word;  // [2][32]
+  float* alpha;       // [16]
+  float* row_l;       // [16]
+  float* row_coef;    // [16]
 };
 __device__ __forceinline__ Smem carve_smem(unsigned char* raw) {
   Smem s;
@@ -189,8 +192,8 @@ __device__ __forceinline__ Tile tile_of(const SplitWork& w, int32_t i) {
 }
 
 // Warp 0: slot ids of tile i -> row offsets and scale words in buffer `buf`.
-__device__ __forceinline__ void stage_tile_rows(const PartialParams& p, const SplitWork& w, int32_t i,
-                                                const Smem& sm, int buf, int lane) {
+__device__ __forceinline__ void stage_tile_rows(const PartialParams& p, const SplitWork& w,
+                                                int32_t i, const Smem& sm, int buf, int lane) {
   const Tile tile = tile_of(w, i);
   const DeviceList& list = tile.extra ? p.extra_list : p.main_list;
   const DeviceCache& cache = tile.extra ? p.extra_cache : p.main_cache;
@@ -308,7 +311,8 @@ __device__ __forceinline__ void softmax_tile(const Smem& sm, int buf, float scal
   for (int o = 1; o < 8; o *= 2) psum += __shfl_xor_sync(0xFFFFFFFFu, psum, o);
   l_run = l_run * alpha + psum;
   m_run = m_new;
-  uint2 packed = make_uint2(cuda::bf16x2_bits(prob[0], prob[1]), cuda::bf16x2_bits(prob[2], prob[3]));
+  uint2 packed =
+      make_uint2(cuda::bf16x2_bits(prob[0], prob[1]), cuda::bf16x2_bits(prob[2], prob[3]));
   *reinterpret_cast<uint2*>(sm.p + r * kPPitch + k0) = packed;
   if (tid % 8 == 0) sm.alpha[r] = alpha;
 }
@@ -417,7 +421,8 @@ __device__ __forceinline__ void finish_rows(const PartialParams& p, const Smem& 
   }
 }
 
-__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) decode_partial_kernel(const __grid_constant__ PartialParams p) {
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
+    decode_partial_kernel(const __grid_constant__ PartialParams p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const Smem sm = carve_smem(smem_raw);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -470,7 +475,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) decode_partial_kern
 }
 
 // ---- the combine kernel ------------------------------------------------------------------------
-__global__ void __launch_bounds__(kThreads) decode_combine_kernel(const __grid_constant__ CombineParams p) {
+__global__ void __launch_bounds__(kThreads)
+    decode_combine_kernel(const __grid_constant__ CombineParams p) {
   const int64_t t = blockIdx.x;
   const int32_t h = blockIdx.y;
   const int col = 4 * threadIdx.x;
@@ -532,7 +538,9 @@ DeviceCache device_cache(const CacheView& c) {
           aligned(c.base, Fp8DsMla::kFastAlign) && c.block_stride % Fp8DsMla::kFastAlign == 0};
 }
 
-DeviceList device_list(const RaggedList& l) { return {l.indices, l.indptr, l.capacity}; }
+DeviceList device_list(const RaggedList& l) {
+  return {l.indices, l.indptr, l.capacity};
+}
 
 int64_t width_of(const RaggedList& l, int64_t num_tokens) {
   return l.width > 0 ? l.width : l.capacity / num_tokens;
@@ -588,8 +596,8 @@ PartialParams partial_params(const DecodeParams& p, int32_t num_splits, void* wo
     k.extra_list = device_list(p.extra_list);
   }
   // SPEC 5: the generic path never meets the provenance gate, so the extra cache is scrubbed too.
-  k.scrub_extra = !may_skip_extra_scrub({/*specialised_path=*/false, true, p.kv_connector,
-                                          p.has_extra, p.extra_cache_sanitised});
+  k.scrub_extra = !may_skip_extra_scrub(
+      {/*specialised_path=*/false, true, p.kv_connector, p.has_extra, p.extra_cache_sanitised});
   k.adaptive = p.adaptive_splits ? 1 : 0;
   if (p.adaptive_splits) {
     PlanShape shape{p.num_tokens, p.num_heads, width_of(p.main_list, p.num_tokens),
@@ -629,8 +637,8 @@ void sparse_decode(const DecodeParams& p, int32_t num_splits, void* workspace) {
   decode_partial_kernel<<<grid, kThreads, kSmemBytes, stream>>>(kp);
   cuda::check_cuda(cudaGetLastError(), "decode_partial_kernel launch");
   if (num_splits == 1) return;
-  const CombineParams cp{p.num_tokens, p.num_heads, num_splits, kp.ws_m, kp.ws_l, kp.ws_acc,
-                         kp.finish};
+  const CombineParams cp{p.num_tokens, p.num_heads, num_splits, kp.ws_m,
+                         kp.ws_l,      kp.ws_acc,   kp.finish};
   decode_combine_kernel<<<dim3(static_cast<unsigned>(p.num_tokens), p.num_heads), kThreads, 0,
                           stream>>>(cp);
   cuda::check_cuda(cudaGetLastError(), "decode_combine_kernel launch");
