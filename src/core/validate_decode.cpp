@@ -15,14 +15,16 @@ constexpr int32_t kMaxHeads = 128;
 constexpr int32_t kMaxSplits = 32;
 constexpr int64_t kMaxTokens = int64_t{1} << 40;  // keeps T * H * 512 far inside int64
 
-std::string field(const char* arg, const char* name) { return std::string(arg) + "." + name; }
+std::string field(const char* arg, const char* name) {
+  return std::string(arg) + "." + name;
+}
 std::string element(const std::string& arg, int64_t i) {
   return arg + "[" + std::to_string(i) + "]";
 }
 
 void check_shape(const char* op, int64_t num_tokens, int32_t num_heads) {
-  SPARSEMLA_CHECK_ARG(num_tokens >= 0 && num_tokens <= kMaxTokens, op, "num_tokens",
-                      "in [0, 2^40]", num_tokens);
+  SPARSEMLA_CHECK_ARG(num_tokens >= 0 && num_tokens <= kMaxTokens, op, "num_tokens", "in [0, 2^40]",
+                      num_tokens);
   SPARSEMLA_CHECK_ARG(num_heads >= 1 && num_heads <= kMaxHeads, op, "num_heads", "in [1, 128]",
                       num_heads);
 }
@@ -55,12 +57,14 @@ void check_write_strides(const char* op, const char* prefix, int64_t T, int32_t 
   const bool disjoint = T <= 1 || H <= 1 || st >= heads_span || sh >= tokens_span;
   SPARSEMLA_CHECK_ARG(disjoint, op, s + "token",
                       "non-overlapping rows: >= (H-1)*" + s + "head + " + len + " = " +
-                          std::to_string(heads_span) + " (or " + s + "head >= " +
-                          std::to_string(tokens_span) + ")",
+                          std::to_string(heads_span) + " (or " + s +
+                          "head >= " + std::to_string(tokens_span) + ")",
                       st);
 }
 
-int64_t token_stride(int64_t stride, int32_t H, int64_t row) { return stride != 0 ? stride : H * row; }
+int64_t token_stride(int64_t stride, int32_t H, int64_t row) {
+  return stride != 0 ? stride : H * row;
+}
 
 void check_list_shape(const char* op, const char* name, const RaggedList& list, int64_t T) {
   SPARSEMLA_CHECK_ARG(list.capacity >= 0, op, field(name, "capacity"), ">= 0", list.capacity);
@@ -89,10 +93,8 @@ void check_list_rows(const char* op, const char* name, const RaggedList& list, i
 
 void check_positions(const char* op, const int64_t* positions, int64_t T, const RopeTable& rope) {
   for (int64_t t = 0; t < T; ++t) {
-    SPARSEMLA_CHECK_ARG(positions[t] >= 0 && positions[t] < rope.rows, op,
-                        element("positions", t),
-                        "in [0, rope.rows) = [0, " + std::to_string(rope.rows) + ")",
-                        positions[t]);
+    SPARSEMLA_CHECK_ARG(positions[t] >= 0 && positions[t] < rope.rows, op, element("positions", t),
+                        "in [0, rope.rows) = [0, " + std::to_string(rope.rows) + ")", positions[t]);
   }
 }
 
@@ -124,11 +126,13 @@ void validate_decode(const char* op, const DecodeParams& p, bool check_outputs) 
   SPARSEMLA_CHECK_ARG(p.num_splits >= 0 && p.num_splits <= kMaxSplits, op, "num_splits",
                       "in [0, 32] (0: planner)", p.num_splits);
   SPARSEMLA_CHECK_ARG(p.num_sms >= 0, op, "num_sms", ">= 0 (0: the path's own)", p.num_sms);
-  SPARSEMLA_CHECK_ARG(p.path >= Path::Auto && p.path <= Path::CudaSm90, op, "path",
-                      "a Path value", static_cast<int32_t>(p.path));
+  SPARSEMLA_CHECK_ARG(p.path >= Path::Auto && p.path <= Path::CudaSm90, op, "path", "a Path value",
+                      static_cast<int32_t>(p.path));
 }
 
-void validate(const DecodeParams& p) { validate_decode("sparse_decode", p); }
+void validate(const DecodeParams& p) {
+  validate_decode("sparse_decode", p);
+}
 
 void validate_decode_host_data(const char* op, const DecodeParams& p) {
   check_list_rows(op, "main_list", p.main_list, p.num_tokens);
@@ -144,8 +148,8 @@ void validate_inverse_rope(const bf16_bits* x, int64_t num_tokens, int32_t num_h
   if (num_tokens == 0) return;
   SPARSEMLA_CHECK_PTR(x, op, "x");
   SPARSEMLA_CHECK_PTR(positions, op, "positions");
-  check_write_strides(op, "", num_tokens, num_heads,
-                      token_stride(stride_token, num_heads, kRow), stride_head, kRow);
+  check_write_strides(op, "", num_tokens, num_heads, token_stride(stride_token, num_heads, kRow),
+                      stride_head, kRow);
   check_rope(op, "rope", rope);
   if (host_data) check_positions(op, positions, num_tokens, rope);
 }

@@ -32,7 +32,7 @@ constexpr int kPairs = Fp8DsMla::kRopeDims / 2;
 constexpr int kKeyBlock = kPlanKeyBlock;    // keys per online-softmax step (bk = 32)
 constexpr int kHeadBlock = kPlanHeadBlock;  // heads sharing one dequantised key block (16)
 constexpr int kMaxSplits = kSpecialisedMaxSplits;
-constexpr float kNoMass = -FLT_MAX;         // m of a split without mass (SPEC 4.3)
+constexpr float kNoMass = -FLT_MAX;  // m of a split without mass (SPEC 4.3)
 
 // Partials in the caller's workspace: m, l fp32 [T, S, H], then acc fp32 [T, S, H, 512].
 struct Partials {
@@ -105,9 +105,15 @@ inline F4 load4(const float* p) {
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-inline void store4(float* p, F4 v) { std::memcpy(p, &v, sizeof v); }
-inline F4 splat4(float x) { return F4{x, x, x, x}; }
-inline float sum4(F4 v) { return (v[0] + v[2]) + (v[1] + v[3]); }
+inline void store4(float* p, F4 v) {
+  std::memcpy(p, &v, sizeof v);
+}
+inline F4 splat4(float x) {
+  return F4{x, x, x, x};
+}
+inline float sum4(F4 v) {
+  return (v[0] + v[2]) + (v[1] + v[3]);
+}
 
 // score[h][j] = scale * <q_h, k_j> for NH heads x NK keys from (h0, j0). Every (h, j) accumulates
 // in 4 lanes over d in order, then a fixed tree, so its bits do not depend on the tile shape; the
@@ -135,10 +141,17 @@ void score_heads(Scratch& sc, int h0, int n, float scale) {
   for (; j < n; ++j) score_tile<NH, 1>(sc, h0, j, scale);
 }
 
-// K as the kernels see it: dequantised (scrubbed per the gate), then rounded to bf16.
+// K as the kernels see it: dequantised (scrubbed per the gate), then rounded to bf16. The rounding
+// only changes NoPE tiles with code < 8 (SPEC 2.1: e4m3 * 2^(code-127) is exact in bf16 for codes
+// >= 8, +-inf and NaN stay) and never the stored bf16 RoPE values, so only those tiles are rounded.
 void load_key(const CacheView& cache, int64_t slot, bool scrub, float* k) {
   decode_row_f32(cache, slot, scrub, k);
-  for (int d = 0; d < kDim; ++d) k[d] = round_to_bf16(k[d]);
+  const uint8_t* codes = cache.base + mla_scale_offset(slot, cache.block_size, cache.block_stride);
+  for (int tile = 0; tile < Fp8DsMla::kNumTiles; ++tile) {
+    if (codes[tile] >= 8) continue;
+    float* x = k + tile * Fp8DsMla::kTileDims;
+    for (int d = 0; d < Fp8DsMla::kTileDims; ++d) x[d] = round_to_bf16(x[d]);
+  }
 }
 
 // Online-softmax step of head h over the n scored keys (SPEC 4.2 numerics): new max, rescale
@@ -152,8 +165,8 @@ void softmax_step(Scratch& sc, int h, int n) {
   float p_sum = 0.0f;
   for (int j = 0; j < n; ++j) {
     const float prob = std::exp(z[j] - m_new);
-    p_sum += prob;                         // l sums the fp32 probabilities ...
-    sc.prob[h][j] = round_to_bf16(prob);   // ... P.V uses them rounded to bf16
+    p_sum += prob;                        // l sums the fp32 probabilities ...
+    sc.prob[h][j] = round_to_bf16(prob);  // ... P.V uses them rounded to bf16
   }
   sc.l[h] = sc.l[h] * alpha + p_sum;
   sc.m[h] = m_new;

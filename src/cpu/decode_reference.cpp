@@ -22,7 +22,8 @@ constexpr int kNope = Fp8DsMla::kNopeDims;
 constexpr int kPairs = Fp8DsMla::kRopeDims / 2;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// The valid keys of one query row, decoded to double: [count, 512], main then extra, duplicates kept.
+// The valid keys of one query row, decoded to double: [count, 512], main then extra, duplicates
+// kept.
 struct RowKeys {
   std::vector<double> values;
   int64_t count = 0;
@@ -62,8 +63,9 @@ void rotate_back(double* o, const RopeTable& rope, int64_t pos) {
 // One (t, h): o = sum_j e^(z_j - m) K_j / (sum_j e^(z_j - m) + e^(sink - m)), 0 unless den > 0.
 void reference_head(const DecodeParams& p, const RowKeys& keys, int64_t t, int32_t h, double* o,
                     double* lse) {
-  const bf16_bits* qh = p.q + t * (p.q_stride_token != 0 ? p.q_stride_token : p.num_heads * kDim) +
-                        h * p.q_stride_head;
+  const bf16_bits* qh =
+      p.q + t * (p.q_stride_token != 0 ? p.q_stride_token : int64_t{p.num_heads} * kDim) +
+      h * p.q_stride_head;
   double q[kDim];
   for (int d = 0; d < kDim; ++d) q[d] = bf16_to_float(qh[d]);
 

@@ -5,7 +5,6 @@
 #pragma once
 
 #include <array>
-#include <cmath>
 #include <cstdint>
 
 #include "sparsemla/format.h"
@@ -25,7 +24,8 @@ inline const std::array<float, 256>& e4m3_value_table() {
 
 // Decodes the 512 values of a valid slot in fp32. NoPE: e4m3 * 2^(code - 127), exact in fp32
 // (the smallest product, 2^-9 * 2^-127, is above the fp32 subnormal step 2^-149); code 255 is +inf,
-// so a zero byte there gives NaN. RoPE: the stored bf16 values. scrub: every NaN becomes +0 (SPEC 5),
+// so a zero byte there gives NaN. RoPE: the stored bf16 values. scrub: every NaN becomes +0 (SPEC
+// 5),
 // +-inf is kept.
 inline void decode_row_f32(const CacheView& cache, int64_t slot, bool scrub, float* out512) {
   const uint8_t* data = cache.base + mla_data_offset(slot, cache.block_size, cache.block_stride);
@@ -43,7 +43,7 @@ inline void decode_row_f32(const CacheView& cache, int64_t slot, bool scrub, flo
   }
   if (scrub) {
     for (int d = 0; d < Fp8DsMla::kHeadDim; ++d) {
-      if (std::isnan(out512[d])) out512[d] = 0.0f;
+      out512[d] = out512[d] != out512[d] ? 0.0f : out512[d];  // NaN -> +0 (branch-free)
     }
   }
 }

@@ -137,7 +137,8 @@ TEST(DecodeCpu, SinkMinusInfChangesNothingPlusInfGivesZeroFiniteScales) {
             ASSERT_EQ(fast_sink.value(t, h, d), 0.0f);
           } else if (!std::isinf(lse)) {
             // The sink only adds e^sink to the denominator: o_sink = o / (1 + e^(sink - lse)).
-            ASSERT_NEAR(with, without / (1.0 + std::exp(sink - lse)), 1e-12 * (1 + std::fabs(without)));
+            ASSERT_NEAR(with, without / (1.0 + std::exp(sink - lse)),
+                        1e-12 * (1 + std::fabs(without)));
           }
         }
       }
@@ -263,10 +264,12 @@ TEST(DecodeFastCpu, LengthsAroundKeyBlocksMainOnlyAndMainPlusExtra) {
     expect_kernel_matches_reference(c, run_fast(c, 1), ref);
     expect_kernel_matches_reference(c, run_fast(c, 3), ref);
     if (!extra) {  // a window layer never reads the extra inputs
-      expect_kernel_matches_reference(c, run_fast(c, 2, [](DecodeParams& p) {
-                                        p.extra_list = RaggedList{};
-                                        p.extra_cache = CacheView{};
-                                      }),
+      expect_kernel_matches_reference(c,
+                                      run_fast(c, 2,
+                                               [](DecodeParams& p) {
+                                                 p.extra_list = RaggedList{};
+                                                 p.extra_cache = CacheView{};
+                                               }),
                                       ref);
     }
   }
@@ -336,7 +339,8 @@ TEST(DecodeFastCpu, MtpRowsMatchSingleRowCallsBitExact) {
   }
 }
 
-// ---- NaN scrub and the provenance gate ------------------------------------------------------------
+// ---- NaN scrub and the provenance gate
+// ------------------------------------------------------------
 
 // Poisons some slots the lists reach (NaN bytes, code-255 tiles of zero bytes, NaN RoPE) and
 // writes the values the scrub must produce (+0) into the same places of `clean`.
@@ -464,7 +468,8 @@ TEST(DecodeReferenceCpu, ExtraScrubFollowsTheProvenanceGate) {
   for (size_t i = 0; i < w.out.size(); ++i) ASSERT_EQ(r.out[i], w.out[i]);
 }
 
-// ---- inverse RoPE ---------------------------------------------------------------------------------
+// ---- inverse RoPE
+// ---------------------------------------------------------------------------------
 
 // One bf16 ulp of a magnitude: 2^(floor(log2 m) - 7).
 double bf16_ulp(double magnitude) {
@@ -497,7 +502,8 @@ TEST(InverseRopeCpu, StandaloneRotatesRopeDimsOnlyFromBf16Values) {
       const size_t pair = at - (d - kNope) % 2;
       const int k = static_cast<int>((d - kNope) / 2);
       const double a = bf16_to_float(before[pair]), b = bf16_to_float(before[pair + 1]);
-      const double want = (d - kNope) % 2 == 0 ? a * cs[k] + b * cs[32 + k] : b * cs[k] - a * cs[32 + k];
+      const double want =
+          (d - kNope) % 2 == 0 ? a * cs[k] + b * cs[32 + k] : b * cs[k] - a * cs[32 + k];
       ASSERT_LE(std::fabs(bf16_to_float(x[at]) - want), bf16_ulp(std::hypot(a, b)))
           << "t=" << t << " h=" << h << " d=" << d;
     }
@@ -529,8 +535,9 @@ TEST(InverseRopeCpu, FusedMatchesStandalone) {
       for (int32_t h = 0; h < c.H; ++h) {
         for (int d = 0; d < kNope; ++d) ASSERT_EQ(fused.bits(t, h, d), plain.bits(t, h, d));
         for (int d = kNope; d < kDim; d += 2) {
-          const double mag = std::max(std::hypot(ref.value(t, h, d), ref.value(t, h, d + 1)),
-                                      std::hypot(double{fused.value(t, h, d)}, double{fused.value(t, h, d + 1)}));
+          const double mag =
+              std::max(std::hypot(ref.value(t, h, d), ref.value(t, h, d + 1)),
+                       std::hypot(double{fused.value(t, h, d)}, double{fused.value(t, h, d + 1)}));
           for (int e = d; e < d + 2; ++e) {
             ASSERT_LE(std::fabs(fused.value(t, h, e) - plain.value(t, h, e)), 2 * bf16_ulp(mag))
                 << "t=" << t << " h=" << h << " d=" << e;
@@ -541,7 +548,8 @@ TEST(InverseRopeCpu, FusedMatchesStandalone) {
   }
 }
 
-// ---- public queries and validation ----------------------------------------------------------------
+// ---- public queries and validation
+// ----------------------------------------------------------------
 
 TEST(DecodeApiCpu, WorkspaceSizeIsPartialsOfSpec43) {
   EXPECT_EQ(decode_workspace_size(0, 64, 4), 0u);
@@ -645,9 +653,11 @@ TEST(DecodeApiCpu, ValidationErrorsNameTheArgument) {
   expect_arg_error(decode([](DecodeParams& p) { p.num_tokens = -1; }, full), "num_tokens");
   std::vector<int64_t> far = c.positions;
   far[1] = c.rope_rows;
-  expect_arg_error(decode([&](DecodeParams& p) { p.positions = far.data(); }, full), "positions[1]");
+  expect_arg_error(decode([&](DecodeParams& p) { p.positions = far.data(); }, full),
+                   "positions[1]");
   far[1] = -1;
-  expect_arg_error(decode([&](DecodeParams& p) { p.positions = far.data(); }, full), "positions[1]");
+  expect_arg_error(decode([&](DecodeParams& p) { p.positions = far.data(); }, full),
+                   "positions[1]");
   expect_arg_error(decode([](DecodeParams&) {}, full - 4), "workspace_bytes");
   expect_arg_error(
       [&] {
@@ -661,7 +671,8 @@ TEST(DecodeApiCpu, ValidationErrorsNameTheArgument) {
   expect_arg_error(decode([](DecodeParams& p) { p.out = nullptr; }, full), "out");
   expect_arg_error(decode([](DecodeParams& p) { p.out_stride_token = 512; }, full),
                    "out_stride_token");
-  expect_arg_error(decode([](DecodeParams& p) { p.out_stride_head = 100; }, full), "out_stride_head");
+  expect_arg_error(decode([](DecodeParams& p) { p.out_stride_head = 100; }, full),
+                   "out_stride_head");
   expect_arg_error(decode([](DecodeParams& p) { p.q_stride_head = 511; }, full), "q_stride_head");
   expect_arg_error(decode([](DecodeParams& p) { p.main_list.indices = nullptr; }, full),
                    "main_list.indices");

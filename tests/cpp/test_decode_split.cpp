@@ -24,9 +24,12 @@ CacheSpec cache_of(int64_t slots, int32_t bs) {
   return c;
 }
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
 
-// ---- fp64 split + combine (SPEC 4.3), written here ------------------------------------------------
+// ---- fp64 split + combine (SPEC 4.3), written here
+// ------------------------------------------------
 
 struct Fp64Partial {
   bool active = false;  // the split saw at least one valid key
@@ -146,7 +149,8 @@ CaseSpec split_case(Rng& rng) {
   return s;
 }
 
-// ---- tests ----------------------------------------------------------------------------------------
+// ---- tests
+// ----------------------------------------------------------------------------------------
 
 TEST(DecodeSplitCpu, Fp64SplitCombineEqualsUnsplitReference) {
   const uint64_t seed = fresh_seed();
@@ -181,7 +185,8 @@ TEST(DecodeSplitCpu, FastSplitCountsMatchUnsplitAndReference) {
   RefRun unsplit_as_ref = ref;  // the S = 1 output, compared like a reference
   for (int64_t t = 0; t < c.T; ++t) {
     for (int32_t h = 0; h < c.H; ++h) {
-      for (int d = 0; d < kDim; ++d) unsplit_as_ref.out[(t * c.H + h) * kDim + d] = unsplit.value(t, h, d);
+      for (int d = 0; d < kDim; ++d)
+        unsplit_as_ref.out[(t * c.H + h) * kDim + d] = unsplit.value(t, h, d);
       unsplit_as_ref.lse[t * c.H + h] = unsplit.lse_at(t, h);
     }
   }
@@ -199,7 +204,7 @@ TEST(DecodeSplitCpu, PartialsFollowTheWorkspaceLayout) {
   SPARSEMLA_SEED_TRACE(seed);
   Rng rng(seed);
   CaseSpec s = split_case(rng);
-  s.H = 18;  // two head blocks (16 + 2)
+  s.H = 18;           // two head blocks (16 + 2)
   s.p_invalid = 0.3;  // some splits hold only invalid slots
   const DecodeCase c(rng, s);
   for (int32_t splits : {3, 4}) {

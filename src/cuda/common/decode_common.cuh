@@ -189,6 +189,59 @@ __device__ __forceinline__ void dequant_nope16(uint4 bytes, float scale, bool sc
   *hi = make_uint4(o[4], o[5], o[6], o[7]);
 }
 
+// ---- fast dequantisation (codes <= 134, no NaN byte) ---------------------------------------------
+// An e4m3 byte placed into bf16 bits as (sign << 15) | ((b & 0x7F) << 4) is exactly value * 2^-120
+// (normals and subnormals alike), so one bf16x2 multiply by 2^(code - 7) = scale * 2^120 gives
+// value * scale, rounded once (exact for codes >= 8). 2^(code - 7) is a normal bf16 for codes
+// 0..134 (exponent field code + 120 <= 254); products stay below 448 * 2^7 and are never NaN.
+// Other tiles (codes 135..255, NaN bytes) take the exact fp32 path above, which also scrubs.
+inline constexpr uint32_t kFastMaxCode = 134;
+
+// True when one of the 4 bytes of w is an e4m3 NaN (low 7 bits 0x7F): adding 1 to the low 7 bits
+// carries into bit 7 only for 0x7F, never across bytes.
+__device__ __forceinline__ bool has_nan_byte(uint32_t w) {
+  return (((w & 0x7F7F7F7Fu) + 0x01010101u) & 0x80808080u) != 0;
+}
+__device__ __forceinline__ bool chunk_has_nan_byte(uint4 v) {
+  return has_nan_byte(v.x) || has_nan_byte(v.y) || has_nan_byte(v.z) || has_nan_byte(v.w);
+}
+
+// Two e4m3 bytes at bits [0, 8) and [16, 24) of x -> the bf16x2 bits of value * 2^-120.
+__device__ __forceinline__ uint32_t e4m3x2_scaled_bf16x2(uint32_t x) {
+  return ((x & 0x00800080u) << 8) | ((x & 0x007F007Fu) << 4);
+}
+
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+  const __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&a),
+                                   *reinterpret_cast<const __nv_bfloat162*>(&b));
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+
+// 16 NoPE bytes of a tile with code <= kFastMaxCode and no NaN byte -> 16 bf16 (two 16-byte words).
+__device__ __forceinline__ void dequant_nope16_fast(uint4 bytes, uint32_t code, uint4* lo,
+                                                    uint4* hi) {
+  const uint32_t f = (code + 120u) << 7, factor = f | (f << 16);  // bf16x2 of 2^(code - 7)
+  const uint32_t w[4] = {bytes.x, bytes.y, bytes.z, bytes.w};
+  uint32_t o[8];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    o[2 * i] = bf16x2_mul(e4m3x2_scaled_bf16x2(__byte_perm(w[i], 0, 0x4140)), factor);
+    o[2 * i + 1] = bf16x2_mul(e4m3x2_scaled_bf16x2(__byte_perm(w[i], 0, 0x4342)), factor);
+  }
+  *lo = make_uint4(o[0], o[1], o[2], o[3]);
+  *hi = make_uint4(o[4], o[5], o[6], o[7]);
+}
+
+// The whole NoPE chunk: the fast path when it applies, the exact fp32 path otherwise.
+__device__ __forceinline__ void dequant_nope16_any(uint4 bytes, uint32_t code, bool scrub, uint4* lo,
+                                                   uint4* hi) {
+  if (code <= kFastMaxCode && !chunk_has_nan_byte(bytes)) {
+    dequant_nope16_fast(bytes, code, lo, hi);
+  } else {
+    dequant_nope16(bytes, ue8m0_scale(code), scrub, lo, hi);
+  }
+}
+
 // One bf16 of a packed pair: NaN -> +0, everything else (+-inf too) unchanged.
 __device__ __forceinline__ uint32_t scrub_bf16_half(uint32_t h) {
   return (h & 0x7FFFu) > 0x7F80u ? 0u : h;

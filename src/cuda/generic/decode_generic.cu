@@ -2,16 +2,16 @@
 //
 // Partial kernel, grid (T, S, ceil(H/16)), 128 threads (4 warps). One block owns a 16-head tile of
 // one query row and one split of its keys. The block walks the split's part of the main segment,
-// then of the extra segment, 32 keys at a time (a tile never straddles the two):
-//   1. warp 0 reads the tile's slot ids (untrusted: invalid slots are never dereferenced), their
-//      row offsets and 8-byte scale words into shared memory, one tile ahead of the gather;
-//   2. all threads load the 32 rows (16-byte chunks), dequantise FP8 x UE8M0 in registers, scrub
-//      NaN to +0, and store bf16 into shared memory (invalid keys: zero rows);
-//   3. Q.K: each warp multiplies the 16 x 512 Q tile by 8 keys (mma.sync m16n8k16, fp32
-//   accumulate);
+// then of the extra segment, 32 keys at a time (a tile never straddles the two). Tile i:
+//   1. convert: the raw rows of tile i (already in shared memory) are dequantised FP8 x UE8M0 to
+//      bf16, NaN scrubbed to +0, into the K tile (invalid keys: zero rows);
+//   2. the raw rows of tile i+1 are requested (cp.async, 16-byte chunks; byte loads for caches not
+//      16-byte aligned) and warp 0 starts reading the slot ids of tile i+2 (untrusted: invalid
+//      slots are never dereferenced), their row offsets and 8-byte scale words, so that the
+//      global-memory latency of later tiles overlaps the matrix work of this one;
+//   3. Q.K: each warp multiplies the 16 x 512 Q tile by 8 keys (mma.sync m16n8k16, fp32 acc.);
 //   4. online softmax in fp32 (natural-log units, scale applied; invalid keys score -FLT_MAX and
-//   get
-//      probability 0), probabilities rounded to bf16 for P.V, the denominator sums fp32 values;
+//      get probability 0), probabilities rounded to bf16 for P.V, the denominator sums fp32;
 //   5. P.V: each warp owns 128 of the 512 output columns (16 n-tiles x 4 fp32 = 64 registers).
 // With S > 1 it writes the partials m, l [T, S, H] and acc [T, S, H, 512] (SPEC 4.3; a split with
 // l == 0 writes m = -FLT_MAX, l = 0 and no acc); with S == 1 it finishes the row itself exactly as
@@ -61,12 +61,14 @@ constexpr int kQBytes = kHeadTile * kRowPitch * 2;  // 16640
 constexpr int kKBytes = kKeyTile * kRowPitch * 2;   // 33280
 constexpr int kPBytes = kHeadTile * kPPitch * 2;    // 1280
 constexpr int kSBytes = kHeadTile * kSPitch * 4;    // 2112
-constexpr int kOffBytes = 2 * kKeyTile * 8;         // data offsets, two tile buffers
-constexpr int kScaleBytes = 2 * kKeyTile * 8;       // scale words, two tile buffers
+constexpr int kRowBufs = 3;                         // row offsets / scales of tiles i, i+1, i+2
+constexpr int kOffBytes = kRowBufs * kKeyTile * 8;  // data offsets
+constexpr int kScaleBytes = kRowBufs * kKeyTile * 8;  // scale words
+constexpr int kRawBytes = kKeyTile * Fp8DsMla::kDataBytes;  // 18432: raw data rows of tile i+1
 constexpr int kRowBytes = 3 * kHeadTile * 4;        // alpha, l, coefficient per head
 constexpr int kSmemBytes =
-    kQBytes + kKBytes + kPBytes + kSBytes + kOffBytes + kScaleBytes + kRowBytes;
-// Blocks per SM the register budget aims at: 3 where shared memory allows 4 (228 KiB, sm_90+);
+    kQBytes + kKBytes + kPBytes + kSBytes + kOffBytes + kScaleBytes + kRawBytes + kRowBytes;
+// Blocks per SM the register budget aims at: 3 where shared memory allows it (228 KiB, sm_90+);
 // sm_80 (164 KiB) fits only 2 blocks of kSmemBytes anyway.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 constexpr int kMinBlocksPerSm = 3;
@@ -146,8 +148,9 @@ struct Smem {
   __nv_bfloat16* k;   // [32][kRowPitch]
   __nv_bfloat16* p;   // [16][kPPitch]
   float* s;           // [16][kSPitch]
-  int64_t* data_off;  // [2][32] (-1: invalid key)
-  uint2* scale_word;  // [2][32]
+  int64_t* data_off;  // [3][32] (-1: invalid key)
+  uint2* scale_word;  // [3][32]
+  uint8_t* raw;       // [32][576] data rows as stored
   float* alpha;       // [16]
   float* row_l;       // [16]
   float* row_coef;    // [16]
@@ -160,8 +163,8 @@ __device__ __forceinline__ Smem carve_smem(unsigned char* raw) {
   s.s = reinterpret_cast<float*>(raw + kQBytes + kKBytes + kPBytes);
   s.data_off = reinterpret_cast<int64_t*>(raw + kQBytes + kKBytes + kPBytes + kSBytes);
   s.scale_word = reinterpret_cast<uint2*>(raw + kQBytes + kKBytes + kPBytes + kSBytes + kOffBytes);
-  s.alpha = reinterpret_cast<float*>(raw + kQBytes + kKBytes + kPBytes + kSBytes + kOffBytes +
-                                     kScaleBytes);
+  s.raw = raw + kQBytes + kKBytes + kPBytes + kSBytes + kOffBytes + kScaleBytes;
+  s.alpha = reinterpret_cast<float*>(s.raw + kRawBytes);
   s.row_l = s.alpha + kHeadTile;
   s.row_coef = s.row_l + kHeadTile;
   return s;
@@ -191,46 +194,98 @@ __device__ __forceinline__ Tile tile_of(const SplitWork& w, int32_t i) {
   return {true, w.extra_begin + k0, min(kKeyTile, w.extra_keys - k0)};
 }
 
-// Warp 0: slot ids of tile i -> row offsets and scale words in buffer `buf`.
-__device__ __forceinline__ void stage_tile_rows(const PartialParams& p, const SplitWork& w,
-                                                int32_t i, const Smem& sm, int buf, int lane) {
-  const Tile tile = tile_of(w, i);
-  const DeviceList& list = tile.extra ? p.extra_list : p.main_list;
-  const DeviceCache& cache = tile.extra ? p.extra_cache : p.main_cache;
-  cuda::RowOffsets off{-1, -1};
-  if (lane < tile.keys) off = cuda::row_offsets(cache, __ldg(list.indices + tile.begin + lane));
-  sm.data_off[buf * kKeyTile + lane] = off.data;
-  sm.scale_word[buf * kKeyTile + lane] =
-      off.data >= 0 ? cuda::load_scale8(cache, off.scale) : make_uint2(0, 0);
+__device__ __forceinline__ const DeviceList& list_of(const PartialParams& p, bool extra) {
+  return extra ? p.extra_list : p.main_list;
+}
+__device__ __forceinline__ const DeviceCache& cache_of(const PartialParams& p, bool extra) {
+  return extra ? p.extra_cache : p.main_cache;
 }
 
-// All threads: gather, dequantise and scrub the 32 rows of a tile into sm.k (invalid: zeros).
-__device__ __forceinline__ void gather_tile(const PartialParams& p, bool extra, const Smem& sm,
-                                            int buf, int tid) {
-  const DeviceCache& cache = extra ? p.extra_cache : p.main_cache;
-  const bool scrub = extra ? (p.scrub_extra != 0) : true;
-  uint4 raw[kGatherJobs];
-#pragma unroll
-  for (int j = 0; j < kGatherJobs; ++j) {  // issue every load first
+// Warp 0 reads the rows of tile i in three steps spread over the phases of an earlier tile, so
+// that each global load has a phase to arrive: slot id -> (row offsets, scale-word load) -> store.
+struct PendingRow {
+  int32_t slot;
+  int64_t data_off;
+  uint2 scale_word;
+};
+__device__ __forceinline__ void stage_rows_begin(const PartialParams& p, const SplitWork& w,
+                                                 int32_t i, int lane, PendingRow& r) {
+  const Tile tile = tile_of(w, i);
+  r.slot = lane < tile.keys ? __ldg(list_of(p, tile.extra).indices + tile.begin + lane) : -1;
+}
+__device__ __forceinline__ void stage_rows_middle(const PartialParams& p, const SplitWork& w,
+                                                  int32_t i, const Smem& sm, int lane,
+                                                  PendingRow& r) {
+  const DeviceCache& cache = cache_of(p, tile_of(w, i).extra);
+  const cuda::RowOffsets off = cuda::row_offsets(cache, r.slot);
+  r.data_off = off.data;
+  r.scale_word = off.data >= 0 ? cuda::load_scale8(cache, off.scale) : make_uint2(0, 0);
+  sm.data_off[(i % kRowBufs) * kKeyTile + lane] = off.data;
+}
+__device__ __forceinline__ void stage_rows_end(int32_t i, const Smem& sm, int lane,
+                                               const PendingRow& r) {
+  sm.scale_word[(i % kRowBufs) * kKeyTile + lane] = r.scale_word;
+}
+__device__ __forceinline__ void stage_rows_now(const PartialParams& p, const SplitWork& w,
+                                               int32_t i, const Smem& sm, int lane) {
+  PendingRow r;
+  stage_rows_begin(p, w, i, lane, r);
+  stage_rows_middle(p, w, i, sm, lane, r);
+  stage_rows_end(i, sm, lane, r);
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(smem)), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
+// All threads: request the raw data rows of tile i into sm.raw (invalid keys are skipped; the
+// conversion writes zeros for them). 16-byte aligned caches: cp.async, completed by
+// cp_async_wait_all + a barrier; other caches: byte loads, stored before the next barrier.
+__device__ __forceinline__ void load_tile_rows(const PartialParams& p, const SplitWork& w,
+                                               int32_t i, const Smem& sm, int tid) {
+  const DeviceCache& cache = cache_of(p, tile_of(w, i).extra);
+  const int64_t* offs = sm.data_off + (i % kRowBufs) * kKeyTile;
+#pragma unroll 3
+  for (int j = 0; j < kGatherJobs; ++j) {
     const int job = tid + j * kThreads, key = job / kChunksPerRow, c = job % kChunksPerRow;
-    const int64_t off = sm.data_off[buf * kKeyTile + key];
-    raw[j] = off >= 0 ? cuda::load_chunk16(cache, off + 16 * c) : make_uint4(0, 0, 0, 0);
+    const int64_t off = offs[key];
+    if (off < 0) continue;
+    uint8_t* dst = sm.raw + key * Fp8DsMla::kDataBytes + 16 * c;
+    if (cache.aligned16) {
+      cp_async16(dst, cache.base + off + 16 * c);
+    } else {
+      *reinterpret_cast<uint4*>(dst) = cuda::load_chunk16(cache, off + 16 * c);
+    }
   }
-#pragma unroll
+}
+
+// All threads: dequantise and scrub the raw rows of tile i into sm.k (invalid keys: zeros).
+__device__ __forceinline__ void convert_tile(const PartialParams& p, bool extra, int32_t i,
+                                             const Smem& sm, int tid) {
+  const bool scrub = extra ? (p.scrub_extra != 0) : true;
+  const int buf = i % kRowBufs;
+#pragma unroll 3
   for (int j = 0; j < kGatherJobs; ++j) {
     const int job = tid + j * kThreads, key = job / kChunksPerRow, c = job % kChunksPerRow;
     __nv_bfloat16* row = sm.k + key * kRowPitch;
+    const bool valid = sm.data_off[buf * kKeyTile + key] >= 0;
+    const uint4 raw = valid ? *reinterpret_cast<const uint4*>(sm.raw + key * Fp8DsMla::kDataBytes +
+                                                              16 * c)
+                            : make_uint4(0, 0, 0, 0);
     if (c < kNopeChunks) {
       const int tile = c / 4;  // 64 bytes per scale tile
+      // Invalid keys: zero bytes with code 0 (the scale word is 0 there) give zeros.
       const uint32_t code = cuda::scale_code(sm.scale_word[buf * kKeyTile + key], tile);
       uint4 lo, hi;
-      // Invalid keys: zero bytes with scale 2^-127 give zeros (the scale word is 0 there).
-      cuda::dequant_nope16(raw[j], cuda::ue8m0_scale(code), scrub, &lo, &hi);
+      cuda::dequant_nope16_any(raw, code, scrub, &lo, &hi);
       reinterpret_cast<uint4*>(row + 16 * c)[0] = lo;
       reinterpret_cast<uint4*>(row + 16 * c)[1] = hi;
     } else {
       *reinterpret_cast<uint4*>(row + Fp8DsMla::kNopeDims + 8 * (c - kNopeChunks)) =
-          cuda::rope_chunk16(raw[j], scrub);
+          cuda::rope_chunk16(raw, scrub);
     }
   }
 }
@@ -448,21 +503,30 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
 
   if (w.tiles > 0) {
     load_q_tile(p, t, h0, heads, sm, tid);
-    if (warp == 0) stage_tile_rows(p, w, 0, sm, 0, lane);
+    if (warp == 0) {
+      stage_rows_now(p, w, 0, sm, lane);
+      if (w.tiles > 1) stage_rows_now(p, w, 1, sm, lane);
+    }
     __syncthreads();
+    load_tile_rows(p, w, 0, sm, tid);
+    cp_async_wait_all();
+    __syncthreads();
+    PendingRow pending{-1, -1, make_uint2(0, 0)};  // warp 0: rows of tile i + 2
     for (int32_t i = 0; i < w.tiles; ++i) {
-      const int buf = i & 1;
-      // Warp 0 stages the next tile's rows after issuing this tile's loads (inside gather_tile
-      // the loads come first); the buffer it writes was last read before the previous barrier.
-      gather_tile(p, tile_of(w, i).extra, sm, buf, tid);
-      if (warp == 0 && i + 1 < w.tiles) stage_tile_rows(p, w, i + 1, sm, buf ^ 1, lane);
-      __syncthreads();
+      const bool ahead = warp == 0 && i + 2 < w.tiles;
+      convert_tile(p, tile_of(w, i).extra, i, sm, tid);
+      __syncthreads();  // K tile ready, raw rows consumed
+      if (i + 1 < w.tiles) load_tile_rows(p, w, i + 1, sm, tid);
+      if (ahead) stage_rows_begin(p, w, i + 2, lane, pending);
       qk_tile(sm, warp, lane);
+      if (ahead) stage_rows_middle(p, w, i + 2, sm, lane, pending);
       __syncthreads();
-      softmax_tile(sm, buf, p.scale, tid, m_run, l_run);
+      softmax_tile(sm, i % kRowBufs, p.scale, tid, m_run, l_run);
+      if (ahead) stage_rows_end(i + 2, sm, lane, pending);
       __syncthreads();
       pv_tile(sm, warp, lane, acc);
-      __syncthreads();
+      cp_async_wait_all();
+      __syncthreads();  // raw rows of tile i + 1 visible; K, P free
     }
   }
   if (tid % 8 == 0) sm.row_l[tid / 8] = l_run;

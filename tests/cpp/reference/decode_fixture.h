@@ -29,13 +29,18 @@ inline constexpr bf16_bits kPoisonBf16 = 0x7FC1;  // a NaN nobody writes on purp
 inline constexpr int32_t kInt32Min = std::numeric_limits<int32_t>::min();
 inline constexpr int32_t kInt32Max = std::numeric_limits<int32_t>::max();
 
-inline float nan_f32() { return std::numeric_limits<float>::quiet_NaN(); }
-inline float inf_f32() { return std::numeric_limits<float>::infinity(); }
+inline float nan_f32() {
+  return std::numeric_limits<float>::quiet_NaN();
+}
+inline float inf_f32() {
+  return std::numeric_limits<float>::infinity();
+}
 
 // ---- caches ----------------------------------------------------------------------------------
 // Codes 110..120 keep |K| <= 3.5 (448 * 2^-7), like real RMS-normalised latents (a tile of N(0,1)
-// values has amax ~3.5 and gets code ~120). The bf16 tolerance of SPEC 9 (abs 1e-3 or rel 2/128) assumes
-// outputs of that size; wider code ranges are used where results are compared in float64 only.
+// values has amax ~3.5 and gets code ~120). The bf16 tolerance of SPEC 9 (abs 1e-3 or rel 2/128)
+// assumes outputs of that size; wider code ranges are used where results are compared in float64
+// only.
 struct CacheSpec {
   int64_t num_blocks = 4;
   int32_t block_size = 16;
@@ -52,9 +57,11 @@ class TestCache {
     for (int64_t slot = 0; slot < num_slots(); ++slot) {
       uint8_t* row = data_row(slot);
       for (int d = 0; d < kNope; ++d) row[d] = random_finite_e4m3(rng);
-      for (int k = 0; k < 64; ++k) set_rope(slot, k, float_to_bf16(static_cast<float>(rng.normal())));
+      for (int k = 0; k < 64; ++k)
+        set_rope(slot, k, float_to_bf16(static_cast<float>(rng.normal())));
       uint8_t* codes = code_row(slot);
-      for (int i = 0; i < 7; ++i) codes[i] = static_cast<uint8_t>(rng.randint(spec.code_lo, spec.code_hi));
+      for (int i = 0; i < 7; ++i)
+        codes[i] = static_cast<uint8_t>(rng.randint(spec.code_lo, spec.code_hi));
       codes[7] = static_cast<uint8_t>(rng.randint(0, 255));  // pad byte: never read
     }
   }
@@ -68,11 +75,15 @@ class TestCache {
     return bytes_.data() + (slot / spec_.block_size) * stride_ + (slot % spec_.block_size) * 576;
   }
   uint8_t* code_row(int64_t slot) {
-    return bytes_.data() + (slot / spec_.block_size) * stride_ +
-           int64_t{spec_.block_size} * 576 + (slot % spec_.block_size) * 8;
+    return bytes_.data() + (slot / spec_.block_size) * stride_ + int64_t{spec_.block_size} * 576 +
+           (slot % spec_.block_size) * 8;
   }
-  const uint8_t* data_row(int64_t slot) const { return const_cast<TestCache*>(this)->data_row(slot); }
-  const uint8_t* code_row(int64_t slot) const { return const_cast<TestCache*>(this)->code_row(slot); }
+  const uint8_t* data_row(int64_t slot) const {
+    return const_cast<TestCache*>(this)->data_row(slot);
+  }
+  const uint8_t* code_row(int64_t slot) const {
+    return const_cast<TestCache*>(this)->code_row(slot);
+  }
   void set_rope(int64_t slot, int k, bf16_bits v) {
     uint8_t* p = data_row(slot) + kNope + 2 * k;
     p[0] = static_cast<uint8_t>(v & 0xFF);
@@ -90,8 +101,8 @@ class TestCache {
       return f;
     }
     const int code = code_row(slot)[d / 64];
-    const double scale = code == 255 ? std::numeric_limits<double>::infinity()
-                                     : std::ldexp(1.0, code - 127);
+    const double scale =
+        code == 255 ? std::numeric_limits<double>::infinity() : std::ldexp(1.0, code - 127);
     return static_cast<double>(e4m3_reference_value(row[d])) * scale;
   }
 
@@ -114,9 +125,10 @@ struct TestList {
   std::vector<int32_t> indptr;
   int64_t width = 0;
 
-  // Rows packed after `lead` junk entries (indptr[0] = lead), `slack` junk entries after the last row.
-  static TestList from_rows(Rng& rng, const std::vector<std::vector<int32_t>>& rows, int64_t lead = 0,
-                            int64_t slack = 7) {
+  // Rows packed after `lead` junk entries (indptr[0] = lead), `slack` junk entries after the last
+  // row.
+  static TestList from_rows(Rng& rng, const std::vector<std::vector<int32_t>>& rows,
+                            int64_t lead = 0, int64_t slack = 7) {
     TestList l;
     for (int64_t i = 0; i < lead; ++i) l.indices.push_back(static_cast<int32_t>(rng.randint(0, 3)));
     l.indptr.push_back(static_cast<int32_t>(lead));
@@ -124,7 +136,8 @@ struct TestList {
       l.indices.insert(l.indices.end(), r.begin(), r.end());
       l.indptr.push_back(static_cast<int32_t>(l.indices.size()));
     }
-    for (int64_t i = 0; i < slack; ++i) l.indices.push_back(static_cast<int32_t>(rng.randint(0, 3)));
+    for (int64_t i = 0; i < slack; ++i)
+      l.indices.push_back(static_cast<int32_t>(rng.randint(0, 3)));
     return l;
   }
   RaggedList view() const {
@@ -157,12 +170,12 @@ struct CaseSpec {
   int64_t T = 2;
   int32_t H = 4;
   CacheSpec main;
-  std::optional<CacheSpec> extra;        // absent: window-only layer
-  std::vector<int64_t> main_lengths;     // per row (default: 128)
-  std::vector<int64_t> extra_lengths;    // per row (default: 96)
+  std::optional<CacheSpec> extra;      // absent: window-only layer
+  std::vector<int64_t> main_lengths;   // per row (default: 128)
+  std::vector<int64_t> extra_lengths;  // per row (default: 96)
   double p_invalid = 0.05;
-  int64_t q_pad = 0;                     // elements after each head row of q (filled with NaN)
-  int64_t out_pad = 0;                   // elements after each head row of out
+  int64_t q_pad = 0;    // elements after each head row of q (filled with NaN)
+  int64_t out_pad = 0;  // elements after each head row of out
   bool sink = true;
   bool positions = false;
   bool lse = true;
@@ -281,8 +294,8 @@ struct FastRun {
   float lse_at(int64_t t, int32_t h) const { return lse[t * lse_stride_token + h]; }
 };
 
-// Runs the fast CPU decode with outputs, lse and workspace poisoned with NaN, then checks that every
-// element outside the rows (padding) still holds its poison. `edit` may adjust the params.
+// Runs the fast CPU decode with outputs, lse and workspace poisoned with NaN, then checks that
+// every element outside the rows (padding) still holds its poison. `edit` may adjust the params.
 template <typename Edit>
 FastRun run_fast(const DecodeCase& c, int32_t splits, Edit edit) {
   FastRun r;
@@ -339,7 +352,8 @@ inline RefRun run_reference(const DecodeCase& c) {
   return run_reference(c, [](DecodeParams&) {});
 }
 
-// ---- the naive oracle (long double, independent of the library) ----------------------------------
+// ---- the naive oracle (long double, independent of the library)
+// ----------------------------------
 struct NaiveRun {
   std::vector<long double> out;  // [T, H, 512]
   std::vector<long double> lse;  // [T, H]
@@ -347,7 +361,8 @@ struct NaiveRun {
 };
 
 // scrub_main / scrub_extra: NaN -> 0 per cache (SPEC 5).
-inline NaiveRun naive_decode(const DecodeCase& c, bool scrub_extra = true, float scale = kDefaultSoftmaxScale) {
+inline NaiveRun naive_decode(const DecodeCase& c, bool scrub_extra = true,
+                             float scale = kDefaultSoftmaxScale) {
   NaiveRun r;
   r.out.assign(static_cast<size_t>(c.T * c.H * kDim), 0.0L);
   r.lse.assign(static_cast<size_t>(c.T * c.H), 0.0L);
@@ -385,7 +400,8 @@ inline NaiveRun naive_decode(const DecodeCase& c, bool scrub_extra = true, float
       long double sum_keys = 0;
       for (long double zj : z) sum_keys += std::exp(zj - zmax);
       r.lse[t * c.H + h] = zmax + std::log(sum_keys);
-      const long double sink = c.use_sink ? c.sink[h] : -std::numeric_limits<long double>::infinity();
+      const long double sink =
+          c.use_sink ? c.sink[h] : -std::numeric_limits<long double>::infinity();
       if (sink == std::numeric_limits<long double>::infinity()) continue;  // all mass on the sink
       const long double m = std::max(zmax, sink);
       long double den = std::exp(sink - m);
@@ -411,7 +427,8 @@ inline NaiveRun naive_decode(const DecodeCase& c, bool scrub_extra = true, float
 // ---- comparisons -------------------------------------------------------------------------------
 // Reference vs naive: both are exact up to float64 rounding; outputs are convex combinations of
 // keys, so errors scale with the largest key of the row: 1e-12 of it is ~100x the expected error.
-inline void expect_reference_matches_naive(const DecodeCase& c, const RefRun& ref, const NaiveRun& nv) {
+inline void expect_reference_matches_naive(const DecodeCase& c, const RefRun& ref,
+                                           const NaiveRun& nv) {
   for (int64_t t = 0; t < c.T; ++t) {
     const double tol = 1e-12 * std::max(1.0, nv.key_max[t]);
     for (int32_t h = 0; h < c.H; ++h) {
@@ -424,7 +441,8 @@ inline void expect_reference_matches_naive(const DecodeCase& c, const RefRun& re
       if (std::isinf(want_lse)) {
         ASSERT_EQ(ref.lse_at(t, h), std::numeric_limits<double>::infinity());
       } else {
-        ASSERT_NEAR(ref.lse_at(t, h), static_cast<double>(want_lse), 1e-12 * (1 + std::fabs(want_lse)));
+        ASSERT_NEAR(ref.lse_at(t, h), static_cast<double>(want_lse),
+                    1e-12 * (1 + std::fabs(want_lse)));
       }
     }
   }
@@ -450,7 +468,8 @@ inline std::vector<double> row_key_abs_max(const DecodeCase& c) {
 }
 
 // SPEC 9 tolerance of a kernel against the float64 reference, and why it holds:
-//  - q and K enter as bf16 values exactly (K = dequantised value, exact in bf16 for codes >= 8), and
+//  - q and K enter as bf16 values exactly (K = dequantised value, exact in bf16 for codes >= 8),
+//  and
 //    Q.K, P.V and the combine accumulate in fp32: relative errors ~1e-6, far below the rest;
 //  - the stored output is rounded to bf16: <= 2^-8 of |out| (half an ulp);
 //  - the probabilities are rounded to bf16 before P.V (each by <= 2^-8 of itself, in either
@@ -463,8 +482,9 @@ inline std::vector<double> row_key_abs_max(const DecodeCase& c) {
 // (times sqrt(2) on the rotated RoPE dims, times `kernels` when `ref` is itself a kernel output),
 // and may be at most 0.1% of the elements. The mean squared relative error of the bf16 store is
 // ~(2^-8)^2/3, so 1 - cos stays near 2.5e-6 < 5e-6 (FlashMLA's values) over the whole output.
-inline void expect_kernel_matches_reference(const DecodeCase& c, const FastRun& fast, const RefRun& ref,
-                                            bool check_lse = true, int kernels = 1) {
+inline void expect_kernel_matches_reference(const DecodeCase& c, const FastRun& fast,
+                                            const RefRun& ref, bool check_lse = true,
+                                            int kernels = 1) {
   const std::vector<double> kmax = row_key_abs_max(c);
   const double u = std::ldexp(1.0, -8);
   double dot = 0, norms = 0, ref_sq = 0;
@@ -521,7 +541,9 @@ inline void expect_same_bits(const DecodeCase& c, const FastRun& a, const FastRu
         ASSERT_EQ(a.bits(t, h, d), b.bits(t, h, d)) << "t=" << t << " h=" << h << " d=" << d;
       }
       if (c.want_lse) {
-        ASSERT_EQ(std::memcmp(&a.lse[t * a.lse_stride_token + h], &b.lse[t * b.lse_stride_token + h], 4), 0)
+        ASSERT_EQ(
+            std::memcmp(&a.lse[t * a.lse_stride_token + h], &b.lse[t * b.lse_stride_token + h], 4),
+            0)
             << "lse t=" << t << " h=" << h;
       }
     }
