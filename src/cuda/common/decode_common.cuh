@@ -189,12 +189,13 @@ __device__ __forceinline__ void dequant_nope16(uint4 bytes, float scale, bool sc
   *hi = make_uint4(o[4], o[5], o[6], o[7]);
 }
 
-// ---- fast dequantisation (codes <= 134, no NaN byte) ---------------------------------------------
-// An e4m3 byte placed into bf16 bits as (sign << 15) | ((b & 0x7F) << 4) is exactly value * 2^-120
-// (normals and subnormals alike), so one bf16x2 multiply by 2^(code - 7) = scale * 2^120 gives
-// value * scale, rounded once (exact for codes >= 8). 2^(code - 7) is a normal bf16 for codes
-// 0..134 (exponent field code + 120 <= 254); products stay below 448 * 2^7 and are never NaN.
-// Other tiles (codes 135..255, NaN bytes) take the exact fp32 path above, which also scrubs.
+// ---- fast dequantisation (codes <= 134, no NaN byte)
+// --------------------------------------------- An e4m3 byte placed into bf16 bits as (sign << 15)
+// | ((b & 0x7F) << 4) is exactly value * 2^-120 (normals and subnormals alike), so one bf16x2
+// multiply by 2^(code - 7) = scale * 2^120 gives value * scale, rounded once (exact for codes >=
+// 8). 2^(code - 7) is a normal bf16 for codes 0..134 (exponent field code + 120 <= 254); products
+// stay below 448 * 2^7 and are never NaN. Other tiles (codes 135..255, NaN bytes) take the exact
+// fp32 path above, which also scrubs.
 inline constexpr uint32_t kFastMaxCode = 134;
 
 // True when one of the 4 bytes of w is an e4m3 NaN (low 7 bits 0x7F): adding 1 to the low 7 bits
@@ -233,8 +234,8 @@ __device__ __forceinline__ void dequant_nope16_fast(uint4 bytes, uint32_t code, 
 }
 
 // The whole NoPE chunk: the fast path when it applies, the exact fp32 path otherwise.
-__device__ __forceinline__ void dequant_nope16_any(uint4 bytes, uint32_t code, bool scrub, uint4* lo,
-                                                   uint4* hi) {
+__device__ __forceinline__ void dequant_nope16_any(uint4 bytes, uint32_t code, bool scrub,
+                                                   uint4* lo, uint4* hi) {
   if (code <= kFastMaxCode && !chunk_has_nan_byte(bytes)) {
     dequant_nope16_fast(bytes, code, lo, hi);
   } else {

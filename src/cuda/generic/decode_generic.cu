@@ -51,21 +51,25 @@ constexpr int kSPitch = kKeyTile + 1;     // fp32 per score row
 constexpr int kChunksPerRow = Fp8DsMla::kDataBytes / 16;          // 36: 28 NoPE + 8 RoPE
 constexpr int kNopeChunks = Fp8DsMla::kNopeBytes / 16;            // 28
 constexpr int kGatherJobs = kKeyTile * kChunksPerRow / kThreads;  // 9 chunks per thread
+constexpr int kRopeChunks = kChunksPerRow - kNopeChunks;          // 8
+constexpr int kNopeJobs = kKeyTile * kNopeChunks / kThreads;      // 7 NoPE chunks per thread
+constexpr int kRopeJobs = kKeyTile * kRopeChunks / kThreads;      // 2 RoPE chunks per thread
 constexpr int kColsPerWarp = kDim / kWarps;                       // 128
 constexpr int kNTilesPerWarp = kColsPerWarp / 8;                  // 16
 static_assert(kKeyTile * kChunksPerRow % kThreads == 0);
+static_assert(kKeyTile * kNopeChunks % kThreads == 0 && kKeyTile * kRopeChunks % kThreads == 0);
 static_assert(kHeadTile == kPlanHeadBlock && kKeyTile == kPlanKeyBlock);
 
 // Shared memory carve-up (bytes, each piece 16-byte aligned).
-constexpr int kQBytes = kHeadTile * kRowPitch * 2;  // 16640
-constexpr int kKBytes = kKeyTile * kRowPitch * 2;   // 33280
-constexpr int kPBytes = kHeadTile * kPPitch * 2;    // 1280
-constexpr int kSBytes = kHeadTile * kSPitch * 4;    // 2112
-constexpr int kRowBufs = 3;                         // row offsets / scales of tiles i, i+1, i+2
-constexpr int kOffBytes = kRowBufs * kKeyTile * 8;  // data offsets
+constexpr int kQBytes = kHeadTile * kRowPitch * 2;    // 16640
+constexpr int kKBytes = kKeyTile * kRowPitch * 2;     // 33280
+constexpr int kPBytes = kHeadTile * kPPitch * 2;      // 1280
+constexpr int kSBytes = kHeadTile * kSPitch * 4;      // 2112
+constexpr int kRowBufs = 3;                           // row offsets / scales of tiles i, i+1, i+2
+constexpr int kOffBytes = kRowBufs * kKeyTile * 8;    // data offsets
 constexpr int kScaleBytes = kRowBufs * kKeyTile * 8;  // scale words
 constexpr int kRawBytes = kKeyTile * Fp8DsMla::kDataBytes;  // 18432: raw data rows of tile i+1
-constexpr int kRowBytes = 3 * kHeadTile * 4;        // alpha, l, coefficient per head
+constexpr int kRowBytes = 3 * kHeadTile * 4;                // alpha, l, coefficient per head
 constexpr int kSmemBytes =
     kQBytes + kKBytes + kPBytes + kSBytes + kOffBytes + kScaleBytes + kRawBytes + kRowBytes;
 // Blocks per SM the register budget aims at: 3 where shared memory allows it (228 KiB, sm_90+);
@@ -262,31 +266,38 @@ __device__ __forceinline__ void load_tile_rows(const PartialParams& p, const Spl
   }
 }
 
-// All threads: dequantise and scrub the raw rows of tile i into sm.k (invalid keys: zeros).
+// All threads: dequantise and scrub the raw rows of tile i into sm.k (invalid keys: zeros). NoPE
+// and RoPE chunks are separate loops (7 + 2 per thread) so that warps do not diverge between them.
 __device__ __forceinline__ void convert_tile(const PartialParams& p, bool extra, int32_t i,
                                              const Smem& sm, int tid) {
   const bool scrub = extra ? (p.scrub_extra != 0) : true;
-  const int buf = i % kRowBufs;
-#pragma unroll 3
-  for (int j = 0; j < kGatherJobs; ++j) {
-    const int job = tid + j * kThreads, key = job / kChunksPerRow, c = job % kChunksPerRow;
-    __nv_bfloat16* row = sm.k + key * kRowPitch;
-    const bool valid = sm.data_off[buf * kKeyTile + key] >= 0;
+  const int64_t* offs = sm.data_off + (i % kRowBufs) * kKeyTile;
+  const uint2* scale_words = sm.scale_word + (i % kRowBufs) * kKeyTile;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+#pragma unroll
+  for (int j = 0; j < kNopeJobs; ++j) {
+    const int job = tid + j * kThreads, key = job / kNopeChunks, c = job % kNopeChunks;
+    const bool valid = offs[key] >= 0;
+    const uint4 raw =
+        valid ? *reinterpret_cast<const uint4*>(sm.raw + key * Fp8DsMla::kDataBytes + 16 * c)
+              : zero;
+    // Invalid keys: zero bytes with code 0 (their scale word is 0) give zeros.
+    const uint32_t code = cuda::scale_code(scale_words[key], c / 4);  // 64 bytes per scale tile
+    uint4 lo, hi;
+    cuda::dequant_nope16_any(raw, code, scrub, &lo, &hi);
+    uint4* dst = reinterpret_cast<uint4*>(sm.k + key * kRowPitch + 16 * c);
+    dst[0] = lo;
+    dst[1] = hi;
+  }
+#pragma unroll
+  for (int j = 0; j < kRopeJobs; ++j) {
+    const int job = tid + j * kThreads, key = job / kRopeChunks, c = job % kRopeChunks;
+    const bool valid = offs[key] >= 0;
     const uint4 raw = valid ? *reinterpret_cast<const uint4*>(sm.raw + key * Fp8DsMla::kDataBytes +
-                                                              16 * c)
-                            : make_uint4(0, 0, 0, 0);
-    if (c < kNopeChunks) {
-      const int tile = c / 4;  // 64 bytes per scale tile
-      // Invalid keys: zero bytes with code 0 (the scale word is 0 there) give zeros.
-      const uint32_t code = cuda::scale_code(sm.scale_word[buf * kKeyTile + key], tile);
-      uint4 lo, hi;
-      cuda::dequant_nope16_any(raw, code, scrub, &lo, &hi);
-      reinterpret_cast<uint4*>(row + 16 * c)[0] = lo;
-      reinterpret_cast<uint4*>(row + 16 * c)[1] = hi;
-    } else {
-      *reinterpret_cast<uint4*>(row + Fp8DsMla::kNopeDims + 8 * (c - kNopeChunks)) =
-          cuda::rope_chunk16(raw, scrub);
-    }
+                                                              Fp8DsMla::kNopeBytes + 16 * c)
+                            : zero;
+    *reinterpret_cast<uint4*>(sm.k + key * kRowPitch + Fp8DsMla::kNopeDims + 8 * c) =
+        cuda::rope_chunk16(raw, scrub);
   }
 }
 
