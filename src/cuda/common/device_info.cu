@@ -1,5 +1,7 @@
 #include <cuda_runtime.h>
 
+#include <array>
+#include <mutex>
 #include <string>
 
 #include "cuda/common/device_info.h"
@@ -23,18 +25,36 @@ void check_cuda(int status, const char* what) {
               cudaGetErrorString(static_cast<cudaError_t>(status)));
 }
 
-int32_t current_device_sms() {
-  int dev = 0, sms = 0;
-  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "SM count");
-  return sms;
-}
+namespace {
+// Device attributes read once per device: the decode's host path asks for them on every call, and
+// cudaDeviceGetAttribute costs microseconds that a 10 us decode cannot spare.
+struct DeviceFacts {
+  int32_t sms = 0, major = 0, minor = 0;
+};
+constexpr int kMaxDevices = 64;
 
-void current_device_cc(int32_t* major, int32_t* minor) {
+const DeviceFacts& device_facts() {
+  static std::array<std::once_flag, kMaxDevices> once;
+  static std::array<DeviceFacts, kMaxDevices> facts;
   int dev = 0;
   check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(major, cudaDevAttrComputeCapabilityMajor, dev), "cc major");
-  check_cuda(cudaDeviceGetAttribute(minor, cudaDevAttrComputeCapabilityMinor, dev), "cc minor");
+  SPARSEMLA_CHECK_ARG(dev >= 0 && dev < kMaxDevices, "device_facts", "device", "< 64", dev);
+  std::call_once(once[dev], [dev] {
+    DeviceFacts& f = facts[dev];
+    check_cuda(cudaDeviceGetAttribute(&f.sms, cudaDevAttrMultiProcessorCount, dev), "SM count");
+    check_cuda(cudaDeviceGetAttribute(&f.major, cudaDevAttrComputeCapabilityMajor, dev), "cc major");
+    check_cuda(cudaDeviceGetAttribute(&f.minor, cudaDevAttrComputeCapabilityMinor, dev), "cc minor");
+  });
+  return facts[dev];
+}
+}  // namespace
+
+int32_t current_device_sms() { return device_facts().sms; }
+
+void current_device_cc(int32_t* major, int32_t* minor) {
+  const DeviceFacts& f = device_facts();
+  *major = f.major;
+  *minor = f.minor;
 }
 
 }  // namespace sparsemla::cuda
