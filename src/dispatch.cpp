@@ -187,10 +187,12 @@ Path resolve_decode_path(const char* op, const DecodeParams& p) {
 }
 
 // S of a validated call: the caller's, else the generic planner with CU = p.num_sms, or the CPU
-// threads / the device's SMs (SPEC 4.4; widths = the lists' dense widths).
+// threads / the device's SMs (SPEC 4.4; widths = the lists' dense widths). Deterministic calls
+// plan as if T = 1, so S of a row never depends on the batch it is in.
 int32_t decode_splits(const DecodeParams& p, Path path) {
   if (p.num_splits > 0) return p.num_splits;
   PlanShape shape = cpu::decode_plan_shape(p);
+  if (p.deterministic && shape.num_tokens > 0) shape.num_tokens = 1;
 #if defined(SPARSEMLA_WITH_CUDA)
   if (path != Path::Cpu && p.num_sms == 0) shape.num_sms = cuda::current_device_sms();
 #else
@@ -241,10 +243,13 @@ bool decode_is_supported(const DecodeParams& p, const char** why) {
   return true;
 }
 
-void sparse_decode(const DecodeParams& p, void* workspace, size_t workspace_bytes) {
-  const Path path = validate_decode_call(kDecodeOp, p);
-  if (p.num_tokens == 0) return;  // nothing to do
-  const int32_t splits = decode_splits(p, path);
+void sparse_decode(const DecodeParams& params, void* workspace, size_t workspace_bytes) {
+  const Path path = validate_decode_call(kDecodeOp, params);
+  if (params.num_tokens == 0) return;  // nothing to do
+  const int32_t splits = decode_splits(params, path);
+  // Deterministic: every split of a row works (the adaptive ONE_WAVE depends on T).
+  DecodeParams p = params;
+  if (p.deterministic) p.adaptive_splits = false;
   if (splits > 1) {
     const size_t need = decode_workspace_size(p.num_tokens, p.num_heads, splits);
     const std::string what = "S = " + std::to_string(splits) + " > 1";
@@ -252,10 +257,10 @@ void sparse_decode(const DecodeParams& p, void* workspace, size_t workspace_byte
                         "a non-null pointer (" + what + ")", "null");
     SPARSEMLA_CHECK_ARG(reinterpret_cast<uintptr_t>(workspace) % alignof(float) == 0, kDecodeOp,
                         "workspace", "4-byte alignment (fp32 partials)", workspace);
-    SPARSEMLA_CHECK_ARG(workspace_bytes >= need, kDecodeOp, "workspace_bytes",
-                        ">= decode_workspace_size(T, H, S) = " + std::to_string(need) + " (" +
-                            what + ")",
-                        workspace_bytes);
+    SPARSEMLA_CHECK_ARG(
+        workspace_bytes >= need, kDecodeOp, "workspace_bytes",
+        ">= decode_workspace_size(T, H, S) = " + std::to_string(need) + " (" + what + ")",
+        workspace_bytes);
   }
 #if defined(SPARSEMLA_WITH_CUDA)
   if (path != Path::Cpu) {
@@ -268,9 +273,9 @@ void sparse_decode(const DecodeParams& p, void* workspace, size_t workspace_byte
   cpu::sparse_decode(p, splits, workspace);
 }
 
-void inverse_rope_inplace(bf16_bits* x, int64_t num_tokens, int32_t num_heads,
-                          int64_t stride_token, int64_t stride_head, const int64_t* positions,
-                          const RopeTable& rope, Path path, void* stream) {
+void inverse_rope_inplace(bf16_bits* x, int64_t num_tokens, int32_t num_heads, int64_t stride_token,
+                          int64_t stride_head, const int64_t* positions, const RopeTable& rope,
+                          Path path, void* stream) {
   const char* op = "inverse_rope_inplace";
   core::validate_inverse_rope(x, num_tokens, num_heads, stride_token, stride_head, positions, rope,
                               /*host_data=*/false);

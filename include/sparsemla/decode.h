@@ -53,6 +53,12 @@ struct DecodeParams {
   bool adaptive_splits = false;  // SPEC 4.5 (specialised path)
   int32_t num_sms = 0;           // CU of the planner and of the adaptive rule (SPEC 4.4/4.5);
                                  // 0: the path's own (CPU: OpenMP threads; GPU: its SMs)
+  // Batch invariance: a row's output (and lse) is bitwise identical across runs and whatever its
+  // batchmates. With num_splits == 0 the planner then sees T = 1, so S depends only on H, the
+  // lists' dense widths (set main_list.width / extra_list.width: capacity / T varies with T) and
+  // CU (num_sms, else the path's own: fix num_sms for the same bits on other machines); the
+  // adaptive rule (whose ONE_WAVE depends on T) is not applied. docs/RELIABILITY.md has the cost.
+  bool deterministic = false;
   Path path = Path::Auto;
   void* stream = nullptr;  // cudaStream_t for the CUDA paths
 };

@@ -7,9 +7,10 @@
 #pragma once
 
 #include <cstdint>
-#include <sstream>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 namespace sparsemla {
 
@@ -23,11 +24,32 @@ class Error : public std::invalid_argument {
                                   const std::string& expected, const std::string& got);
 
 namespace detail {
+// Formats the "got" value of an error without iostreams: std::ostream needs an initialised locale,
+// and inside a Python extension loaded next to another C++ runtime (torch) that is not guaranteed
+// (seen on the GPU machine: a segfault in ostream::_M_insert<long> while building an error).
 template <typename T>
 std::string to_text(const T& v) {
-  std::ostringstream s;
-  s << v;
-  return s.str();
+  if constexpr (std::is_same_v<T, bool>) {
+    return v ? "true" : "false";
+  } else if constexpr (std::is_integral_v<T> || std::is_enum_v<T>) {
+    if constexpr (std::is_enum_v<T>) {
+      return std::to_string(static_cast<long long>(v));
+    } else if constexpr (std::is_signed_v<T>) {
+      return std::to_string(static_cast<long long>(v));
+    } else {
+      return std::to_string(static_cast<unsigned long long>(v));
+    }
+  } else if constexpr (std::is_floating_point_v<T>) {
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "%.9g", static_cast<double>(v));
+    return buf;
+  } else if constexpr (std::is_pointer_v<T> && !std::is_convertible_v<T, const char*>) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%p", static_cast<const void*>(v));
+    return buf;
+  } else {
+    return std::string(v);  // strings and string literals
+  }
 }
 }  // namespace detail
 

@@ -1,6 +1,7 @@
 // The per-layer RoPE cos/sin table of SPEC 1 (GPT-J pairs over 64 dims, optional YaRN).
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <numbers>
 
 #include "sparsemla/error.h"
@@ -49,8 +50,23 @@ RopeConfig rope_config_compressed_layer() {
 }
 
 std::vector<float> build_rope_table(const RopeConfig& cfg, int64_t positions) {
-  SPARSEMLA_CHECK_ARG(positions >= 1, "build_rope_table", "positions", ">= 1", positions);
-  SPARSEMLA_CHECK_ARG(cfg.theta > 1.0, "build_rope_table", "cfg.theta", "> 1", cfg.theta);
+  const char* op = "build_rope_table";
+  // 2^31 rows (2^39 bytes) bounds the table far above any context and keeps P*64 inside size_t.
+  SPARSEMLA_CHECK_ARG(positions >= 1 && positions <= (int64_t{1} << 31), op, "positions",
+                      "in [1, 2^31]", positions);
+  SPARSEMLA_CHECK_ARG(cfg.theta > 1.0 && std::isfinite(cfg.theta), op, "cfg.theta",
+                      "a finite value > 1", cfg.theta);
+  if (cfg.yarn) {
+    SPARSEMLA_CHECK_ARG(cfg.yarn_factor >= 1.0 && std::isfinite(cfg.yarn_factor), op,
+                        "cfg.yarn_factor", "a finite value >= 1", cfg.yarn_factor);
+    SPARSEMLA_CHECK_ARG(cfg.yarn_original_len >= 1, op, "cfg.yarn_original_len", ">= 1",
+                        cfg.yarn_original_len);
+    SPARSEMLA_CHECK_ARG(cfg.yarn_beta_slow > 0.0 && std::isfinite(cfg.yarn_beta_slow), op,
+                        "cfg.yarn_beta_slow", "a finite value > 0", cfg.yarn_beta_slow);
+    SPARSEMLA_CHECK_ARG(
+        cfg.yarn_beta_fast > cfg.yarn_beta_slow && std::isfinite(cfg.yarn_beta_fast), op,
+        "cfg.yarn_beta_fast", "a finite value > cfg.yarn_beta_slow", cfg.yarn_beta_fast);
+  }
   const std::vector<double> f = rope_frequencies(cfg);
   std::vector<float> table(static_cast<size_t>(positions) * kRopeDims);
   for (int64_t p = 0; p < positions; ++p) {

@@ -2,7 +2,11 @@
 // One function per params struct; shared checks for the views they contain.
 #pragma once
 
+#include <cstdint>
+#include <string>
+
 #include "sparsemla/decode.h"
+#include "sparsemla/error.h"
 #include "sparsemla/gather.h"
 #include "sparsemla/lists.h"
 #include "sparsemla/writer.h"
@@ -15,6 +19,19 @@ void check_indexer_cache(const char* op, const char* arg, const IndexerCacheView
 void check_rope(const char* op, const char* arg, const RopeTable& r);
 void check_state(const char* op, const char* arg, const StateCacheView& s, int64_t row_width);
 void check_nonneg(const char* op, const char* arg, int64_t v);
+// count rows `stride` apart stay addressable: count * stride fits in int64 (stride >= 1), so no
+// index computation of the operation can overflow. `what` names the product in the message.
+void check_extent(const char* op, const std::string& arg, int64_t count, int64_t stride,
+                  const std::string& what);
+
+// A typed pointer is aligned to its element type (misaligned typed loads are undefined behaviour
+// on the host and fault on the GPU).
+template <typename T>
+void check_aligned(const char* op, const std::string& arg, const T* ptr) {
+  SPARSEMLA_CHECK_ARG(reinterpret_cast<uintptr_t>(ptr) % alignof(T) == 0, op, arg,
+                      std::to_string(alignof(T)) + "-byte alignment (its element type)",
+                      static_cast<const void*>(ptr));
+}
 
 // Per operation (src/core/validate_writers.cpp, validate_gather.cpp, validate_decode.cpp,
 // validate_lists.cpp).

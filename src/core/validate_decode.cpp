@@ -29,20 +29,33 @@ void check_shape(const char* op, int64_t num_tokens, int32_t num_heads) {
                       num_heads);
 }
 
-// A read-only [T, H, row] operand: heads and tokens at least one row apart (aliasing is harmless).
-void check_read_strides(const char* op, const char* prefix, int64_t T, int32_t H, int64_t st,
-                        int64_t sh) {
-  const std::string s = std::string(prefix) + "stride_";
-  SPARSEMLA_CHECK_ARG(H <= 1 || sh >= kRow, op, s + "head", ">= 512", sh);
-  SPARSEMLA_CHECK_ARG(T <= 1 || st >= kRow, op, s + "token", ">= 512 (0: H*512)", st);
-}
-
 // (n-1)*stride + len for stride >= 0, saturating at INT64_MAX (no signed overflow).
 int64_t span(int64_t n, int64_t stride, int64_t len) {
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
   if (n <= 1 || stride <= 0) return len;
   if (n - 1 > (kMax - len) / stride) return kMax;
   return (n - 1) * stride + len;
+}
+
+// The elements a [T, H, row_len] operand spans, (T-1)*st + (H-1)*sh + row_len, fit in int64, so
+// no element offset t*st + h*sh + d can overflow.
+void check_operand_extent(const char* op, const std::string& s, int64_t T, int32_t H, int64_t st,
+                          int64_t sh, int64_t row_len) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  const int64_t extent = span(T, st, span(H, sh, row_len));
+  SPARSEMLA_CHECK_ARG(extent < kMax, op, s + "token",
+                      "strides whose extent (T-1)*" + s + "token + (H-1)*" + s + "head + " +
+                          std::to_string(row_len) + " fits in int64",
+                      st);
+}
+
+// A read-only [T, H, row] operand: heads and tokens at least one row apart (aliasing is harmless).
+void check_read_strides(const char* op, const char* prefix, int64_t T, int32_t H, int64_t st,
+                        int64_t sh) {
+  const std::string s = std::string(prefix) + "stride_";
+  SPARSEMLA_CHECK_ARG(H <= 1 || sh >= kRow, op, s + "head", ">= 512", sh);
+  SPARSEMLA_CHECK_ARG(T <= 1 || st >= kRow, op, s + "token", ">= 512 (0: H*512)", st);
+  check_operand_extent(op, s, T, H, st, sh, kRow);
 }
 
 // A written [T, H, row_len] operand: no two rows may overlap, so the heads of a token end before
@@ -53,6 +66,7 @@ void check_write_strides(const char* op, const char* prefix, int64_t T, int32_t 
   const std::string len = std::to_string(row_len);
   SPARSEMLA_CHECK_ARG(H <= 1 || sh >= row_len, op, s + "head", ">= " + len, sh);
   SPARSEMLA_CHECK_ARG(T <= 1 || st >= row_len, op, s + "token", ">= " + len, st);
+  check_operand_extent(op, s, T, H, st, sh, row_len);
   const int64_t heads_span = span(H, sh, row_len), tokens_span = span(T, st, row_len);
   const bool disjoint = T <= 1 || H <= 1 || st >= heads_span || sh >= tokens_span;
   SPARSEMLA_CHECK_ARG(disjoint, op, s + "token",
@@ -72,6 +86,8 @@ void check_list_shape(const char* op, const char* name, const RaggedList& list, 
   if (T == 0) return;
   SPARSEMLA_CHECK_PTR(list.indices, op, field(name, "indices"));
   SPARSEMLA_CHECK_PTR(list.indptr, op, field(name, "indptr"));
+  check_aligned(op, field(name, "indices"), list.indices);
+  check_aligned(op, field(name, "indptr"), list.indptr);
 }
 
 // Reads indptr[0..T]: rows must lie inside indices [0, capacity).
@@ -105,9 +121,14 @@ void validate_decode(const char* op, const DecodeParams& p, bool check_outputs) 
   check_shape(op, T, p.num_heads);
   const int32_t H = p.num_heads;
   if (T > 0) SPARSEMLA_CHECK_PTR(p.q, op, "q");
+  check_aligned(op, "q", p.q);
+  check_aligned(op, "sink", p.sink);
+  check_aligned(op, "positions", p.positions);
   check_read_strides(op, "q_", T, H, token_stride(p.q_stride_token, H, kRow), p.q_stride_head);
   if (check_outputs) {
     if (T > 0) SPARSEMLA_CHECK_PTR(p.out, op, "out");
+    check_aligned(op, "out", p.out);
+    check_aligned(op, "lse", p.lse);
     check_write_strides(op, "out_", T, H, token_stride(p.out_stride_token, H, kRow),
                         p.out_stride_head, kRow);
     if (p.lse != nullptr) {
@@ -148,6 +169,8 @@ void validate_inverse_rope(const bf16_bits* x, int64_t num_tokens, int32_t num_h
   if (num_tokens == 0) return;
   SPARSEMLA_CHECK_PTR(x, op, "x");
   SPARSEMLA_CHECK_PTR(positions, op, "positions");
+  check_aligned(op, "x", x);
+  check_aligned(op, "positions", positions);
   check_write_strides(op, "", num_tokens, num_heads, token_stride(stride_token, num_heads, kRow),
                       stride_head, kRow);
   check_rope(op, "rope", rope);

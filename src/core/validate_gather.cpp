@@ -51,6 +51,13 @@ void validate(const GatherParams& p) {
   SPARSEMLA_CHECK_ARG(p.k_fp8_stride >= IndexerFp8::kValueBytes, kOp, "k_fp8_stride", ">= 128",
                       p.k_fp8_stride);
   check_indexer_cache(kOp, "cache", p.cache);
+  check_extent(kOp, "num_tokens", p.num_tokens, p.k_fp8_stride, "num_tokens*k_fp8_stride (bytes)");
+  check_extent(kOp, "num_batches", p.num_batches, p.block_table_stride,
+               "num_batches*block_table_stride (elements)");
+  check_aligned(kOp, "token_to_seq", p.token_to_seq);
+  check_aligned(kOp, "cu_seqlen", p.cu_seqlen);
+  check_aligned(kOp, "block_table", p.block_table);
+  check_aligned(kOp, "k_scale", p.k_scale);
   if (p.num_tokens == 0) return;  // nothing is read or written
   SPARSEMLA_CHECK_PTR(p.token_to_seq, kOp, "token_to_seq");
   SPARSEMLA_CHECK_PTR(p.cu_seqlen, kOp, "cu_seqlen");

@@ -30,6 +30,8 @@ void check_common(const char* op, const BuildCommon& c, const RaggedOut& out) {
       "num_rows * out.width <= 2^31-1 (out.width = " + std::to_string(out.width) + ")", c.num_rows);
   SPARSEMLA_CHECK_ARG(c.num_rows == 0 || out.indices != nullptr, op, "out.indices",
                       "a non-null pointer for num_rows > 0", "null");
+  check_aligned(op, "out.indices", out.indices);
+  check_aligned(op, "out.indptr", out.indptr);
 }
 
 void check_block_table(const char* op, const int32_t* table, int64_t stride, int32_t width,
@@ -41,11 +43,16 @@ void check_block_table(const char* op, const int32_t* table, int64_t stride, int
   SPARSEMLA_CHECK_ARG(num_requests >= 0, op, "num_requests", ">= 0", num_requests);
   SPARSEMLA_CHECK_ARG(num_requests == 0 || table != nullptr, op, "block_table",
                       "a non-null pointer for num_requests > 0", "null");
+  check_extent(op, "num_requests", num_requests, stride,
+               "num_requests*block_table_stride (elements)");
+  check_aligned(op, "block_table", table);
 }
 
-void check_needed(const char* op, const void* ptr, int64_t num_rows, const char* arg) {
+template <typename T>
+void check_needed(const char* op, const T* ptr, int64_t num_rows, const char* arg) {
   SPARSEMLA_CHECK_ARG(num_rows == 0 || ptr != nullptr, op, arg,
                       "a non-null pointer for num_rows > 0", "null");
+  check_aligned(op, arg, ptr);
 }
 
 bool is_valid_row(const BuildCommon& c, int64_t r) {
@@ -86,6 +93,9 @@ void validate(const DenseToRaggedParams& p) {
   check_needed(op, p.lengths, p.common.num_rows, "lengths");
   SPARSEMLA_CHECK_ARG(p.dense_stride >= p.out.width, op, "dense_stride",
                       ">= out.width = " + std::to_string(p.out.width), p.dense_stride);
+  check_extent(op, "common.num_rows", p.common.num_rows, p.dense_stride,
+               "num_rows*dense_stride (elements)");
+  check_aligned(op, "request_index", p.request_index);
   SPARSEMLA_CHECK_ARG(p.num_slots >= 0, op, "num_slots", ">= 0 (0: no range check)", p.num_slots);
   SPARSEMLA_CHECK_ARG(p.request_index == nullptr || p.num_requests >= 0, op, "num_requests", ">= 0",
                       p.num_requests);
@@ -95,6 +105,7 @@ void validate(const WindowListParams& p) {
   const char* op = "build_window_lists";
   check_common(op, p.common, p.out);
   check_needed(op, p.positions, p.common.num_rows, "positions");
+  check_aligned(op, "request_index", p.request_index);
   check_block_table(op, p.block_table, p.block_table_stride, p.table_width, p.num_requests,
                     p.block_size);
   SPARSEMLA_CHECK_ARG(p.window >= 1, op, "window", ">= 1", p.window);
@@ -108,6 +119,10 @@ void validate(const TopkListParams& p) {
   check_needed(op, p.topk, p.common.num_rows, "topk");
   SPARSEMLA_CHECK_ARG(p.topk_stride >= p.out.width, op, "topk_stride",
                       ">= out.width = " + std::to_string(p.out.width), p.topk_stride);
+  check_extent(op, "common.num_rows", p.common.num_rows, p.topk_stride,
+               "num_rows*topk_stride (elements)");
+  check_aligned(op, "topk_length", p.topk_length);
+  check_aligned(op, "request_index", p.request_index);
   check_block_table(op, p.block_table, p.block_table_stride, p.table_width, p.num_requests,
                     p.block_size);
 }
@@ -116,6 +131,7 @@ void validate(const CompressedAllListParams& p) {
   const char* op = "build_compressed_all_lists";
   check_common(op, p.common, p.out);
   check_needed(op, p.positions, p.common.num_rows, "positions");
+  check_aligned(op, "request_index", p.request_index);
   check_block_table(op, p.block_table, p.block_table_stride, p.table_width, p.num_requests,
                     p.block_size);
   SPARSEMLA_CHECK_ARG(p.ratio >= 1, op, "ratio", ">= 1", p.ratio);

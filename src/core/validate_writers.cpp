@@ -1,5 +1,6 @@
 // Argument validation of the cache writers (SPEC 3). Everything a writer will read or write is
 // checked here, before anything is written, so a rejected call leaves no partial results.
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -48,6 +49,16 @@ void check_compressor_common(const char* op, const Params& p, int32_t ratio, int
                       p.state_table_width);
   SPARSEMLA_CHECK_ARG(p.state_table_stride >= p.state_table_width, op, "state_table_stride",
                       ">= state_table_width = " + num(p.state_table_width), p.state_table_stride);
+  check_extent(op, "num_requests", p.num_requests, p.state_table_stride,
+               "num_requests*state_table_stride (elements)");
+  check_aligned(op, "positions", p.positions);
+  check_aligned(op, "request_index", p.request_index);
+  check_aligned(op, "state_slots", p.state_slots);
+  check_aligned(op, "out_slots", p.out_slots);
+  check_aligned(op, "state_block_table", p.state_block_table);
+  check_aligned(op, "norm_weight", p.norm_weight);
+  check_aligned(op, "scratch", p.scratch);
+  check_extent(op, "num_tokens", p.num_tokens, head_dim, "num_tokens*head_dim (scratch elements)");
   if (p.num_tokens > 0) {
     SPARSEMLA_CHECK_PTR(p.positions, op, "positions");
     SPARSEMLA_CHECK_PTR(p.request_index, op, "request_index");
@@ -113,6 +124,10 @@ void validate(const WindowWriterParams& p, bool host_data) {
   constexpr const char* kOp = "write_window";
   check_nonneg(kOp, "num_tokens", p.num_tokens);
   SPARSEMLA_CHECK_ARG(p.kv_stride >= Fp8DsMla::kHeadDim, kOp, "kv_stride", ">= 512", p.kv_stride);
+  check_extent(kOp, "num_tokens", p.num_tokens, p.kv_stride, "num_tokens*kv_stride (elements)");
+  check_aligned(kOp, "kv", p.kv);
+  check_aligned(kOp, "positions", p.positions);
+  check_aligned(kOp, "slots", p.slots);
   if (p.num_tokens > 0) {
     SPARSEMLA_CHECK_PTR(p.kv, kOp, "kv");
     SPARSEMLA_CHECK_PTR(p.positions, kOp, "positions");
@@ -141,6 +156,13 @@ void validate(const StateWriterParams& p, bool host_data) {
   SPARSEMLA_CHECK_ARG(p.kv_stride >= width, kOp, "kv_stride", ">= W = " + num(width), p.kv_stride);
   SPARSEMLA_CHECK_ARG(p.score_stride >= width, kOp, "score_stride", ">= W = " + num(width),
                       p.score_stride);
+  check_extent(kOp, "num_tokens", p.num_tokens, std::max(p.kv_stride, p.score_stride),
+               "num_tokens*max(kv_stride, score_stride) (elements)");
+  check_aligned(kOp, "kv", p.kv);
+  check_aligned(kOp, "score", p.score);
+  check_aligned(kOp, "ape", p.ape);
+  check_aligned(kOp, "positions", p.positions);
+  check_aligned(kOp, "state_slots", p.state_slots);
   if (p.num_tokens > 0) {
     SPARSEMLA_CHECK_PTR(p.kv, kOp, "kv");
     SPARSEMLA_CHECK_PTR(p.score, kOp, "score");

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include "sparsemla/error.h"
+
 namespace sparsemla {
 
 namespace {
@@ -27,7 +29,8 @@ std::string VerifyResult::summary() const {
       passed ? "PASS" : "FAIL", static_cast<long long>(elements), max_abs_error, cosine_diff,
       static_cast<long long>(special_mismatches), static_cast<long long>(tolerance_failures));
   if (first_bad >= 0 && n > 0 && n < static_cast<int>(sizeof(buf)))
-    std::snprintf(buf + n, sizeof(buf) - n, "; first at flat index %lld (dim %lld): out %.6g, ref %.6g",
+    std::snprintf(buf + n, sizeof(buf) - n,
+                  "; first at flat index %lld (dim %lld): out %.6g, ref %.6g",
                   static_cast<long long>(first_bad), static_cast<long long>(first_bad % 512),
                   first_bad_out, first_bad_ref);
   return buf;
@@ -36,6 +39,19 @@ std::string VerifyResult::summary() const {
 VerifyResult verify_decode_output(const bf16_bits* out, int64_t num_tokens, int32_t num_heads,
                                   int64_t out_stride_token, int64_t out_stride_head,
                                   const double* ref) {
+  const char* op = "verify_decode_output";
+  SPARSEMLA_CHECK_ARG(num_tokens >= 0 && num_tokens <= (int64_t{1} << 40), op, "num_tokens",
+                      "in [0, 2^40]", num_tokens);
+  SPARSEMLA_CHECK_ARG(num_heads >= 1 && num_heads <= 128, op, "num_heads", "in [1, 128]",
+                      num_heads);
+  if (num_tokens > 0) {
+    SPARSEMLA_CHECK_PTR(out, op, "out");
+    SPARSEMLA_CHECK_PTR(ref, op, "ref");
+    SPARSEMLA_CHECK_ARG(num_heads <= 1 || out_stride_head >= 512, op, "out_stride_head", ">= 512",
+                        out_stride_head);
+    SPARSEMLA_CHECK_ARG(num_tokens <= 1 || out_stride_token >= 512, op, "out_stride_token",
+                        ">= 512", out_stride_token);
+  }
   VerifyResult r;
   double dot = 0.0, norms = 0.0, ref_sq = 0.0;
   for (int64_t t = 0; t < num_tokens; ++t) {

@@ -7,9 +7,23 @@
 #include "sparsemla/error.h"
 #include "sparsemla/writer.h"
 
+#if defined(SPARSEMLA_WITH_CUDA)
+#include "cuda/common/device_info.h"
+#endif
+
 namespace sparsemla {
 
 namespace {
+
+// The row decoders run on the CPU: a device pointer would be dereferenced on the host.
+void check_host(const char* op, const char* arg, const void* p) {
+#if defined(SPARSEMLA_WITH_CUDA)
+  SPARSEMLA_CHECK_ARG(!cuda::is_device_pointer(p), op, arg, "host memory (the row decoder runs on "
+                      "the CPU)", "device memory");
+#else
+  (void)op, (void)arg, (void)p;
+#endif
+}
 
 void check_slot(const char* op, int64_t slot, int64_t num_blocks, int32_t block_size) {
   SPARSEMLA_CHECK_ARG(
@@ -24,6 +38,8 @@ void dequantize_row(const CacheView& cache, int64_t slot, bool scrub, float* out
   constexpr const char* kOp = "dequantize_row";
   core::check_cache(kOp, "cache", cache);
   SPARSEMLA_CHECK_PTR(out512, kOp, "out512");
+  check_host(kOp, "cache.base", cache.base);
+  check_host(kOp, "out512", out512);
   check_slot(kOp, slot, cache.num_blocks, cache.block_size);
   const uint8_t* data = cache.base + mla_data_offset(slot, cache.block_size, cache.block_stride);
   const uint8_t* scale = cache.base + mla_scale_offset(slot, cache.block_size, cache.block_stride);
@@ -45,6 +61,8 @@ void dequantize_indexer_row(const IndexerCacheView& cache, int64_t slot, float* 
   constexpr const char* kOp = "dequantize_indexer_row";
   core::check_indexer_cache(kOp, "cache", cache);
   SPARSEMLA_CHECK_PTR(out128, kOp, "out128");
+  check_host(kOp, "cache.base", cache.base);
+  check_host(kOp, "out128", out128);
   check_slot(kOp, slot, cache.num_blocks, cache.block_size);
   const int32_t row = static_cast<int32_t>(slot % cache.block_size);
   const uint8_t* page = cache.base + (slot / cache.block_size) * cache.block_stride;

@@ -111,9 +111,13 @@ void build_compressed_all_lists(const CompressedAllListParams& p) {
   const BlockTableMap map{p.block_table, p.block_table_stride, p.table_width, p.block_size};
   pack_rows(p.common, p.out, [&](int64_t r, int32_t* dst) {
     const int64_t pos = p.positions[r];
-    // (pos + 1) / ratio entries are complete, written without forming pos + 1.
-    const int64_t complete = pos / p.ratio + (pos % p.ratio == p.ratio - 1 ? 1 : 0);
-    const int64_t len = std::min(complete, p.max_compressed);
+    // (pos + 1) / ratio entries are complete, written without forming pos + 1, and capped
+    // before the carry is added (pos = INT64_MAX with ratio 1 would overflow; fuzz_builders).
+    const int64_t whole = pos / p.ratio;
+    const int64_t len =
+        whole >= p.max_compressed
+            ? p.max_compressed
+            : std::min(whole + (pos % p.ratio == p.ratio - 1 ? 1 : 0), p.max_compressed);
     const int64_t req = request_of(p.request_index, r);
     for (int64_t i = 0; i < len; ++i) dst[i] = map.slot(req, i);
     return len;

@@ -488,6 +488,39 @@ TEST(GpuDecodeGeneric, SplitCountsAllMatchReference) {
 }
 
 // Lengths around the 32-key tile, rows with only invalid slots, every invalid slot value of SPEC 9.
+// The CTA owns 4, 2 or 1 head blocks, chosen from the grid size against the SM count. On 132 SMs
+// the suite's small shapes only reach 1 or 2, while batch 128 runs 4: pretend the GPU has few SMs
+// (DecodeParams::num_sms) so every variant runs, and check each against the reference and that
+// the bits do not depend on the variant.
+TEST(GpuDecodeGeneric, EveryHeadBlocksPerCtaVariantMatchesReference) {
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  for (int32_t H : {64, 128, 40}) {
+    CaseSpec s;
+    s.T = 24;
+    s.H = H;
+    s.main = cache_spec(64, 3, engine_pad(64));
+    s.extra = cache_spec(64, 12, engine_pad(64));
+    s.extra_lengths = filled(s.T, 512);
+    s.p_invalid = 0.02;
+    const DecodeCase c = make_case(rng, s, true);
+    const DeviceCase d(c);
+    const RefRun ref = reference(c);
+    for (int32_t split : {1, 2}) {
+      std::vector<bf16_bits> first;
+      for (int32_t sms : {2, 24, 100000}) {
+        SCOPED_TRACE("H=" + std::to_string(H) + " S=" + std::to_string(split) +
+                     " num_sms=" + std::to_string(sms));
+        const GpuRun run = run_gpu(c, d, split, [sms](DecodeParams& p) { p.num_sms = sms; });
+        expect_matches(c, run, ref);
+        if (first.empty()) first = run.host.out;
+        EXPECT_TRUE(first == run.host.out) << "output bits depend on the head blocks per CTA";
+      }
+    }
+  }
+}
+
 TEST(GpuDecodeGeneric, EdgeLengthsAndInvalidSlots) {
   const uint64_t seed = fresh_seed();
   SPARSEMLA_SEED_TRACE(seed);

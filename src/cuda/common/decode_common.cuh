@@ -25,8 +25,21 @@ struct DeviceCache {
   int64_t num_slots;     // num_blocks * block_size: slots outside [0, num_slots) are invalid
   int64_t block_stride;  // bytes
   int32_t block_size;
-  int32_t aligned16;  // base and block_stride are multiples of 16: vector loads allowed
+  int32_t aligned16;    // base and block_stride are multiples of 16: vector loads allowed
+  uint32_t slot_magic;  // slot / block_size = (slot * slot_magic) >> slot_shift for 0 <= slot
+  int32_t slot_shift;   // < 2^31 (slot_divider); saves a 64-bit division per row load
 };
+
+// Host: the multiplier and shift of DeviceCache for block_size d >= 1. With l = ceil(log2 d) and
+// m = ceil(2^(31+l) / d) (< 2^32), floor(n * m / 2^(31+l)) = floor(n / d) for every 0 <= n < 2^31:
+// the error n * (m - 2^(31+l)/d) / 2^(31+l) < 2^-l <= 1/d never carries past the next multiple.
+inline void slot_divider(int32_t d, uint32_t* magic, int32_t* shift) {
+  int32_t l = 0;
+  while ((int64_t{1} << l) < d) ++l;
+  const uint64_t num = uint64_t{1} << (31 + l);
+  *magic = static_cast<uint32_t>((num + static_cast<uint64_t>(d) - 1) / static_cast<uint64_t>(d));
+  *shift = 31 + l;
+}
 
 // A ragged index list as the kernels read it; indptr and indices are never trusted.
 struct DeviceList {
@@ -106,6 +119,18 @@ __device__ __forceinline__ RowOffsets row_offsets(const DeviceCache& c, int64_t 
   if (slot < 0 || slot >= c.num_slots) return {-1, -1};
   return {mla_data_offset(slot, c.block_size, c.block_stride),
           mla_scale_offset(slot, c.block_size, c.block_stride)};
+}
+
+// Same for a 32-bit slot id (index lists hold int32), without a 64-bit division.
+__device__ __forceinline__ RowOffsets row_offsets32(const DeviceCache& c, int32_t slot) {
+  if (slot < 0 || slot >= c.num_slots) return {-1, -1};
+  const uint32_t block = static_cast<uint32_t>(
+      (static_cast<uint64_t>(static_cast<uint32_t>(slot)) * c.slot_magic) >> c.slot_shift);
+  const int64_t page = static_cast<int64_t>(block) * c.block_stride;
+  const int32_t p = slot - static_cast<int32_t>(block) * c.block_size;
+  return {page + static_cast<int64_t>(p) * Fp8DsMla::kDataBytes,
+          page + static_cast<int64_t>(c.block_size) * Fp8DsMla::kDataBytes +
+              static_cast<int64_t>(p) * Fp8DsMla::kScaleBytes};
 }
 
 // ---- loads --------------------------------------------------------------------------------------
@@ -207,9 +232,31 @@ __device__ __forceinline__ bool chunk_has_nan_byte(uint4 v) {
   return has_nan_byte(v.x) || has_nan_byte(v.y) || has_nan_byte(v.z) || has_nan_byte(v.w);
 }
 
-// Two e4m3 bytes at bits [0, 8) and [16, 24) of x -> the bf16x2 bits of value * 2^-120.
-__device__ __forceinline__ uint32_t e4m3x2_scaled_bf16x2(uint32_t x) {
-  return ((x & 0x00800080u) << 8) | ((x & 0x007F007Fu) << 4);
+// Two e4m3 bytes of w (selected by sel into bits [8, 16) of each 16-bit lane) -> the bf16x2 bits
+// of value * 2^-120: (sign << 15) | ((b & 0x7F) << 4). Four instructions: the byte move, a shift
+// (which leaves the sign at bit 11), and sign += 15 * sign to move it from bit 11 to bit 15.
+__device__ __forceinline__ uint32_t e4m3x2_scaled_bf16x2(uint32_t w, uint32_t sel) {
+  const uint32_t a = __byte_perm(w, 0, sel) >> 4;
+  return a + 15u * (a & 0x08000800u);
+}
+inline constexpr uint32_t kE4m3Lo = 0x1404;  // bytes 0, 1 of a word
+inline constexpr uint32_t kE4m3Hi = 0x3424;  // bytes 2, 3
+
+// SWAR checks of the fast path, accumulated over words and tested once (carry-free per lane):
+// bit 7 of a byte of nan_bytes_acc(w) is set iff the byte is an e4m3 NaN (low 7 bits 0x7F);
+__device__ __forceinline__ uint32_t nan_bytes_acc(uint32_t w) {
+  return (w & 0x7F7F7F7Fu) + 0x01010101u;
+}
+inline constexpr uint32_t kNanBytesMask = 0x80808080u;
+// bit 15 of a lane of nan_bf16_acc(w) is set iff the bf16 is a NaN ((h & 0x7FFF) > 0x7F80);
+__device__ __forceinline__ uint32_t nan_bf16_acc(uint32_t w) {
+  return (w & 0x7FFF7FFFu) + 0x007F007Fu;
+}
+inline constexpr uint32_t kNanBf16Mask = 0x80008000u;
+// true iff a byte (UE8M0 code) of w is above kFastMaxCode = 134: b >= 135 <=> bit 7 set and
+// (b & 0x7F) >= 7.
+__device__ __forceinline__ bool any_code_above_fast(uint32_t w) {
+  return ((((w & 0x7F7F7F7Fu) + 0x79797979u) & w) & 0x80808080u) != 0;
 }
 
 __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
@@ -226,8 +273,8 @@ __device__ __forceinline__ void dequant_nope16_fast(uint4 bytes, uint32_t code, 
   uint32_t o[8];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    o[2 * i] = bf16x2_mul(e4m3x2_scaled_bf16x2(__byte_perm(w[i], 0, 0x4140)), factor);
-    o[2 * i + 1] = bf16x2_mul(e4m3x2_scaled_bf16x2(__byte_perm(w[i], 0, 0x4342)), factor);
+    o[2 * i] = bf16x2_mul(e4m3x2_scaled_bf16x2(w[i], kE4m3Lo), factor);
+    o[2 * i + 1] = bf16x2_mul(e4m3x2_scaled_bf16x2(w[i], kE4m3Hi), factor);
   }
   *lo = make_uint4(o[0], o[1], o[2], o[3]);
   *hi = make_uint4(o[4], o[5], o[6], o[7]);

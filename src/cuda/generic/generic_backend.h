@@ -9,10 +9,14 @@
 
 namespace sparsemla::cuda_generic {
 
-// Split-K decode with S = num_splits (1..65535): partial kernel (grid T x S x ceil(H/16)), then the
-// combine when S > 1. workspace: partials m, l fp32 [T, S, H] and acc fp32 [T, S, H, 512]
-// (decode_workspace_size bytes, 8-byte aligned); unused (may be null) when S == 1.
+// Split-K decode with S = num_splits (1..65535): partial kernel (grid T x S x ceil(hb / HB), HB =
+// 4, 2 or 1 head blocks of 16 per CTA, picked from the grid size and the device's shared memory;
+// p.num_sms, when set, is the SM count of that choice too), then the combine when S > 1 (with
+// programmatic dependent launch on sm_90+). workspace: partials m, l fp32 [T, S, H] and acc fp32
+// [T, S, H, 512] (decode_workspace_size bytes, 8-byte aligned); unused (may be null) when S == 1.
 // With p.adaptive_splits the rows run the active-split rule of SPEC 4.5 (ONE_WAVE from the host).
+// A row's output bits do not depend on HB. SPARSEMLA_GENERIC_HB=1|2|4 forces HB (tests and
+// measurement; ignored when it does not fit the device).
 void sparse_decode(const DecodeParams& p, int32_t num_splits, void* workspace);
 
 // Standalone inverse RoPE on a bf16 [T, H, 512] tensor in place (dims 448..511).

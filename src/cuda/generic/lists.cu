@@ -268,8 +268,11 @@ struct CompressedAllBuilder {
   __device__ int64_t length(const RowsOut&, int64_t r) const {
     const int64_t pos = positions[r];
     if (pos < 0 || request_of(request_index, map.num_requests, r) < 0) return 0;
-    // (pos + 1) / ratio entries are complete, written without forming pos + 1.
-    const int64_t complete = pos / ratio + (pos % ratio == ratio - 1 ? 1 : 0);
+    // (pos + 1) / ratio entries are complete, written without forming pos + 1, and capped
+    // before the carry is added (pos = INT64_MAX with ratio 1 would overflow).
+    const int64_t whole = pos / ratio;
+    if (whole >= max_compressed) return max_compressed;
+    const int64_t complete = whole + (pos % ratio == ratio - 1 ? 1 : 0);
     return complete < max_compressed ? complete : max_compressed;
   }
   __device__ Row row(int64_t r) const {

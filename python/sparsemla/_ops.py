@@ -1,0 +1,781 @@
+"""The operations of sparsemla on arrays: numpy arrays (CPU backend) and torch tensors (CPU or CUDA).
+
+Conventions (every function):
+
+* Arrays go to the C++ library through DLPack without a copy. numpy arrays run on the CPU backend;
+  torch CUDA tensors run on the GPU, on the tensor's current stream (``torch.cuda.current_stream``),
+  with no host synchronisation. All arrays of one call live on the same device.
+* bf16 data is ``torch.bfloat16``, or ``uint16`` holding the raw bf16 bits (numpy has no bf16:
+  use :func:`float_to_bf16_bits` / :func:`bf16_bits_to_float`). Cache buffers are ``uint8``.
+  Positions and slots are ``int64``; indices, block tables and lengths are ``int32``.
+* A paged cache is a ``uint8`` array whose first axis is the page (page stride = ``stride(0)``
+  bytes, which may include padding) and whose other axes hold one dense page of at least
+  ``block_size * 584`` bytes (fp8_ds_mla) or ``block_size * 132`` bytes (indexer keys): e.g.
+  FlashMLA's ``[num_blocks, block_size, 1, 584]``, vLLM's ``[num_blocks, block_size, 584]`` or a
+  padded ``[num_blocks, page_bytes]``. ``block_size=None`` takes ``shape[1]`` of a >= 3-D cache.
+* Outputs are written in place into the arrays given (``out=`` and friends) or allocated like the
+  inputs (same library and device). With torch installed, calls on torch tensors go through the
+  ``torch.ops.sparsemla.*`` custom ops, so they work under ``torch.compile(fullgraph=True)`` and
+  inside ``torch.cuda.graph`` capture.
+* ``path``: ``"auto"`` (host arrays: CPU, CUDA tensors: the GPU path the architecture gate picks),
+  ``"cpu"``, ``"cuda-generic"`` or ``"cuda-sm90"``.
+* Bad arguments raise :class:`sparsemla.Error` (a ``ValueError``) naming the operation, the
+  argument, what was expected and what was given.
+"""
+
+import contextlib
+import os
+import sys
+
+import numpy as np
+
+from . import _C
+
+Error = _C.Error
+BYTES_PER_TOKEN = _C.BYTES_PER_TOKEN  # fp8_ds_mla: 448 e4m3 + 64 bf16 + 8 scale bytes
+INDEXER_BYTES_PER_TOKEN = _C.INDEXER_BYTES_PER_TOKEN  # 128 e4m3 + fp32 scale
+DEFAULT_SCALE = 512 ** -0.5
+
+# The torch module once the custom ops are registered (torch_ops.py), else None.
+_TORCH = None
+
+
+def _use_ops(x):
+    """True when x is a torch tensor and the torch custom ops exist (traceable by dynamo)."""
+    return _TORCH is not None and isinstance(x, _TORCH.Tensor)
+
+
+# ---- the raw layer: arrays -> _C --------------------------------------------------------------------
+def _torch_mod():
+    return _TORCH if _TORCH is not None else sys.modules.get("torch")
+
+
+def _is_tensor(x):
+    torch = _torch_mod()
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _dl(name, x):
+    """What _C receives for argument `name`: numpy arrays as they are; torch CUDA tensors as DLPack
+    capsules exported with stream=-1 (no stream synchronisation: torch's default __dlpack__() makes
+    the default stream wait on the current one, which breaks CUDA-graph capture)."""
+    if x is None or isinstance(x, np.ndarray):
+        return x
+    if _is_tensor(x):
+        x = x.detach()
+        return x.__dlpack__(stream=-1) if x.is_cuda else x
+    if hasattr(x, "__dlpack__") or hasattr(x, "__array_interface__"):
+        return x
+    raise TypeError(f"sparsemla: argument '{name}': expected a numpy array or a torch tensor, "
+                    f"got {type(x).__name__}")
+
+
+def _stream(x):
+    """The CUDA stream (as an int) that work on `x` goes to: torch's current stream of x's device."""
+    if _is_tensor(x) and x.is_cuda:
+        return _torch_mod().cuda.current_stream(x.device).cuda_stream
+    return 0
+
+
+def _guard(x):
+    """Makes x's CUDA device the current one for the call (torch's DLPack export requires it)."""
+    if _is_tensor(x) and x.is_cuda:
+        torch = _torch_mod()
+        if x.device.index != torch.cuda.current_device():
+            return torch.cuda.device(x.device)
+    return contextlib.nullcontext()
+
+
+_NP_DTYPES = {"uint8": np.uint8, "int32": np.int32, "int64": np.int64, "float32": np.float32,
+              "float64": np.float64, "uint16": np.uint16}
+
+
+def _empty(like, shape, dtype):
+    """Uninitialised array of `shape` in the library of `like` (numpy or torch, same device).
+    dtype: a numpy dtype name, or 'like' for like's own dtype."""
+    if _is_tensor(like):
+        torch = _torch_mod()
+        tdt = like.dtype if dtype == "like" else getattr(torch, dtype)
+        return torch.empty(shape, dtype=tdt, device=like.device)
+    return np.empty(shape, dtype=like.dtype if dtype == "like" else _NP_DTYPES[dtype])
+
+
+def _zeros(like, shape, dtype):
+    if _is_tensor(like):
+        torch = _torch_mod()
+        return torch.zeros(shape, dtype=getattr(torch, dtype), device=like.device)
+    return np.zeros(shape, dtype=_NP_DTYPES[dtype])
+
+
+def _bs(block_size):
+    return 0 if block_size is None else int(block_size)
+
+
+# ---- bf16 helpers (numpy) --------------------------------------------------------------------------
+def float_to_bf16_bits(x):
+    """float32 array -> uint16 array of bf16 bits, round to nearest even (NaN stays NaN)."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    return np.where(nan, ((u >> 16) | 0x40).astype(np.uint16), rounded)
+
+
+def bf16_bits_to_float(b):
+    """uint16 array of bf16 bits -> float32 array (exact)."""
+    return (np.asarray(b, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+# ---- quantiser and row decoders (CPU) -------------------------------------------------------------
+def quantize(x, *, block=64, sanitise=True):
+    """The quantiser of SPEC 2.3 on bf16 tiles (CPU arrays).
+
+    x: bf16 ``[..., D]`` (D a multiple of ``block``), the values to store. Per ``block``-wide tile:
+    ``amax = max(|x|, 1e-4)`` (NaN ignored), ``e = ceil(log2(amax/448))`` exactly, bytes =
+    e4m3fn(clamp(x * 2^-e, -448, 448)) (RNE, NaN -> -448), code = clamp(e + 127, 0, code_max) with
+    code_max 254 when ``sanitise`` else 255.
+
+    Returns ``(bytes, codes)``: uint8 ``[..., D]`` e4m3 bytes and uint8 ``[..., D/block]`` UE8M0
+    codes. The fp8_ds_mla NoPE part uses block=64 over its 448 dims.
+    """
+    shape = tuple(x.shape)
+    d = shape[-1]
+    x2 = x.reshape(-1, d)
+    out_bytes = _empty(x2, (x2.shape[0], d), "uint8")
+    out_codes = _empty(x2, (x2.shape[0], d // block if block > 0 else 0), "uint8")
+    _C.quantize(_dl("x", x2), _dl("out_bytes", out_bytes), _dl("out_codes", out_codes), block,
+                254 if sanitise else 255)
+    return out_bytes.reshape(shape), out_codes.reshape(shape[:-1] + (out_codes.shape[1],))
+
+
+def quantize_indexer(x):
+    """The indexer quantiser (SPEC 2.3): one 128-wide block per row, CPU arrays.
+
+    x: bf16 ``[N, 128]``. Returns ``(bytes, scale)``: uint8 ``[N, 128]`` e4m3 bytes and fp32 ``[N]``
+    scales ``2^e`` (+inf for a row holding +-inf).
+    """
+    out_bytes = _empty(x, (x.shape[0], 128), "uint8")
+    out_scale = _empty(x, (x.shape[0],), "float32")
+    _C.quantize_indexer(_dl("x", x), _dl("out_bytes", out_bytes), _dl("out_scale", out_scale))
+    return out_bytes, out_scale
+
+
+def dequantize_rows(cache, slots, *, block_size=None, scrub=True, out=None):
+    """Decodes fp8_ds_mla cache rows to fp32 (CPU arrays).
+
+    cache: uint8 paged cache (see module doc); slots: int64 ``[N]`` valid slot ids
+    (block * block_size + row; an invalid slot raises). scrub: NaN -> +0 (SPEC 5), as the decoder
+    does for the window cache. Returns fp32 ``[N, 512]``: NoPE = e4m3 * 2^(code-127), RoPE = the
+    stored bf16 values.
+    """
+    if out is None:
+        out = _empty(slots, (slots.shape[0], 512), "float32")
+    _C.dequantize_rows(_dl("cache", cache), _bs(block_size), _dl("slots", slots), scrub,
+                       _dl("out", out))
+    return out
+
+
+def dequantize_indexer_rows(cache, slots, *, block_size=None, layout="normal", out=None):
+    """Decodes indexer-key cache rows (CPU arrays): fp32 ``[N, 128]`` = e4m3 value * fp32 scale.
+
+    cache: uint8 paged indexer cache (132 bytes per token); slots: int64 ``[N]``;
+    layout: ``"normal"`` or ``"shuffle"`` (SPEC 2.2).
+    """
+    if out is None:
+        out = _empty(slots, (slots.shape[0], 128), "float32")
+    _C.dequantize_indexer_rows(_dl("cache", cache), _bs(block_size), layout, _dl("slots", slots),
+                               _dl("out", out))
+    return out
+
+
+# ---- RoPE -------------------------------------------------------------------------------------------
+def build_rope_table(positions, layer="compressed", *, theta=10000.0, yarn=False, yarn_factor=16.0,
+                     yarn_original_len=65536, yarn_beta_fast=32.0, yarn_beta_slow=1.0):
+    """The per-layer RoPE cos/sin table of SPEC 1: numpy fp32 ``[positions, 64]``, row p =
+    ``[cos(p*f_k), k < 32 | sin(p*f_k), k < 32]``.
+
+    layer: ``"window"`` (theta 10000, no YaRN: window-only layers), ``"compressed"`` (theta 160000
+    with YaRN factor 16, original length 65536, beta 32/1: ratio-4 and ratio-128 layers) or
+    ``"custom"`` (the keyword arguments). For torch: ``torch.from_numpy(table).cuda()``.
+    """
+    out = np.empty((int(positions), 64), dtype=np.float32)
+    _C.build_rope_table(out, layer, theta, yarn, yarn_factor, yarn_original_len, yarn_beta_fast,
+                        yarn_beta_slow)
+    return out
+
+
+def _r_inverse_rope(x, positions, rope, path):
+    with _guard(x):
+        _C.inverse_rope(_dl("x", x), _dl("positions", positions), _dl("rope", rope), path,
+                        _stream(x))
+
+
+def inverse_rope(x, positions, rope, *, path="auto"):
+    """Standalone inverse RoPE, in place (SPEC 1, 4.3): on each pair k of dims 448..511 of
+    x bf16 ``[T, H, 512]`` (last dim contiguous), ``a' = a*c + b*s``, ``b' = b*c - a*s`` with
+    ``c, s = rope[positions[t]]`` in fp32, rounded once to bf16; NoPE dims untouched.
+    positions: int64 ``[T]`` in ``[0, P)``; rope: fp32 ``[P, 64]``. Returns x.
+    """
+    if _use_ops(x):
+        _TORCH.ops.sparsemla.inverse_rope(x, positions, rope, path)
+    else:
+        _r_inverse_rope(x, positions, rope, path)
+    return x
+
+
+# ---- writers -----------------------------------------------------------------------------------------
+def _r_write_window(kv, positions, slots, rope, cache, block_size, sanitise, path):
+    with _guard(cache):
+        _C.write_window(_dl("kv", kv), _dl("positions", positions), _dl("slots", slots),
+                        _dl("rope", rope), _dl("cache", cache), block_size, sanitise, path,
+                        _stream(cache))
+
+
+def write_window(kv, positions, slots, rope, cache, *, block_size=None, sanitise=True, path="auto"):
+    """Window (SWA) writer (SPEC 3.1): stores one token per row of kv into the fp8_ds_mla cache.
+
+    kv: bf16 ``[N, 512]`` RMS-normalised latents (rows may be strided); positions: int64 ``[N]``
+    (each in ``[0, P)``); slots: int64 ``[N]`` destination slots, ``< 0``: skip the token (nothing
+    read or written); rope: fp32 ``[P, 64]`` the layer's table; cache: uint8 paged cache, written
+    in place. Dims 448..511 are rotated at the token's position, NoPE tiles quantised (2.3), RoPE
+    stored as bf16. sanitise: codes clamped to 254 and NaN RoPE values stored as 0 (SPEC 5).
+    Returns cache.
+    """
+    args = (kv, positions, slots, rope, cache, _bs(block_size), bool(sanitise), path)
+    if _use_ops(cache):
+        _TORCH.ops.sparsemla.write_window(*args)
+    else:
+        _r_write_window(*args)
+    return cache
+
+
+def _r_write_compressor_state(kv, score, ape, positions, state_slots, state, ratio, head_dim, path):
+    with _guard(state):
+        _C.write_compressor_state(_dl("kv", kv), _dl("score", score), _dl("ape", ape),
+                                  _dl("positions", positions), _dl("state_slots", state_slots),
+                                  _dl("state", state), ratio, head_dim, path, _stream(state))
+
+
+def write_compressor_state(kv, score, positions, state_slots, state, *, ratio=4, head_dim=512,
+                           ape=None, path="auto"):
+    """Compressor state writer (SPEC 3.2).
+
+    With ``W = coff * head_dim`` (coff 2 for ratio 4, 1 for ratio 128; head_dim 512 for the KV
+    compressor, 128 for the indexer's): kv, score: fp32 ``[N, W]``; positions: int64 ``[N]``;
+    state_slots: int64 ``[N]`` (block * state_bs + row, ``< 0``: skip); state: fp32
+    ``[num_state_blocks, state_bs, >= 2W]`` (last dim contiguous), written in place: row =
+    ``[kv | score + ape[pos % ratio]]``; ape: fp32 ``[ratio, W]`` or None (already added).
+    Returns state.
+    """
+    args = (kv, score, ape, positions, state_slots, state, int(ratio), int(head_dim), path)
+    if _use_ops(state):
+        _TORCH.ops.sparsemla.write_compressor_state(*args)
+    else:
+        _r_write_compressor_state(*args)
+    return state
+
+
+def _r_compress(positions, request_index, state_slots, out_slots, state_block_table, state,
+                norm_weight, rope, cache, block_size, ratio, norm_eps, sanitise, scratch, path):
+    with _guard(cache):
+        _C.compress(_dl("positions", positions), _dl("request_index", request_index),
+                    _dl("state_slots", state_slots), _dl("out_slots", out_slots),
+                    _dl("state_block_table", state_block_table), _dl("state", state),
+                    _dl("norm_weight", norm_weight), _dl("rope", rope), _dl("cache", cache),
+                    block_size, ratio, norm_eps, sanitise, _dl("scratch", scratch), path,
+                    _stream(cache))
+
+
+def compress(positions, request_index, state_slots, out_slots, state_block_table, state,
+             norm_weight, rope, cache, *, ratio=4, block_size=None, norm_eps=1e-6, sanitise=True,
+             two_stage=False, scratch=None, path="auto"):
+    """KV compressor (SPEC 3.2), ratio 4 (with overlap) or 128: one compressed entry per ratio tokens.
+
+    Per token (N): positions int64, request_index int32 (row of state_block_table), state_slots int64
+    (``< 0``: token skipped), out_slots int64 (compressed slot, ``< 0``: nothing stored).
+    state_block_table: int32 ``[R, width]``; state: fp32 ``[blocks, state_bs, >= 2W]`` (read only);
+    norm_weight: fp32 ``[512]``; rope: fp32 ``[P, 64]``; cache: uint8 paged fp8_ds_mla cache,
+    written in place. A token with ``(pos + 1) % ratio == 0`` pools the state rows of its window
+    (softmax over tokens per channel), RMS-normalises (eps ``norm_eps``), rotates at
+    ``(pos // ratio) * ratio``, quantises and stores. sanitise (default on): codes <= 254 and NaN
+    RoPE -> 0. two_stage (or scratch fp32 ``[N, 512]``): pooling into scratch, then finishing;
+    byte-identical rows. Returns cache.
+    """
+    if scratch is None and two_stage:
+        scratch = _empty(positions, (positions.shape[0], 512), "float32")
+    args = (positions, request_index, state_slots, out_slots, state_block_table, state, norm_weight,
+            rope, cache, _bs(block_size), int(ratio), float(norm_eps), bool(sanitise), scratch, path)
+    if _use_ops(cache):
+        _TORCH.ops.sparsemla.compress(*args)
+    else:
+        _r_compress(*args)
+    return cache
+
+
+def _r_compress_indexer(positions, request_index, state_slots, out_slots, state_block_table, state,
+                        norm_weight, rope, cache, block_size, norm_eps, sanitise, scratch, path):
+    with _guard(cache):
+        _C.compress_indexer(_dl("positions", positions), _dl("request_index", request_index),
+                            _dl("state_slots", state_slots), _dl("out_slots", out_slots),
+                            _dl("state_block_table", state_block_table), _dl("state", state),
+                            _dl("norm_weight", norm_weight), _dl("rope", rope),
+                            _dl("cache", cache), block_size, norm_eps, sanitise,
+                            _dl("scratch", scratch), path, _stream(cache))
+
+
+def compress_indexer(positions, request_index, state_slots, out_slots, state_block_table, state,
+                     norm_weight, rope, cache, *, block_size=None, norm_eps=1e-6, sanitise=True,
+                     two_stage=False, scratch=None, path="auto"):
+    """Indexer-key compressor (SPEC 3.2, last paragraph): as :func:`compress` with ratio 4 and head
+    128 (state W = 256, norm_weight fp32 ``[128]``, RoPE dims 64..127), one 128-wide quantiser block,
+    fp32 scale, into a uint8 paged indexer cache (132 bytes per token, NORMAL layout).
+    scratch: fp32 ``[N, 128]`` for the two-stage form. Returns cache.
+    """
+    if scratch is None and two_stage:
+        scratch = _empty(positions, (positions.shape[0], 128), "float32")
+    args = (positions, request_index, state_slots, out_slots, state_block_table, state, norm_weight,
+            rope, cache, _bs(block_size), float(norm_eps), bool(sanitise), scratch, path)
+    if _use_ops(cache):
+        _TORCH.ops.sparsemla.compress_indexer(*args)
+    else:
+        _r_compress_indexer(*args)
+    return cache
+
+
+# ---- gather ------------------------------------------------------------------------------------------
+def _r_gather_indexer_keys(token_to_seq, cu_seqlen, block_table, cache, block_size, layout, k_fp8,
+                           k_scale, path):
+    with _guard(k_scale):
+        _C.gather_indexer_keys(_dl("token_to_seq", token_to_seq), _dl("cu_seqlen", cu_seqlen),
+                               _dl("block_table", block_table), _dl("cache", cache), block_size,
+                               layout, _dl("k_fp8", k_fp8), _dl("k_scale", k_scale), path,
+                               _stream(k_scale))
+
+
+def gather_indexer_keys(token_to_seq, cu_seqlen, block_table, cache, *, block_size=None,
+                        layout="normal", k_fp8=None, k_scale=None, path="auto"):
+    """Indexer-key gather (SPEC 6): paged indexer cache -> contiguous keys of a prefill chunk.
+
+    token_to_seq: int32 ``[N]`` (sequence of each output row; out of range: padding token);
+    cu_seqlen: int32 ``[B+1]``; block_table: int32 ``[>= B, width]``; cache: uint8 paged indexer
+    cache; layout ``"normal"``/``"shuffle"``. Row tid of sequence b, position
+    ``o = tid - cu_seqlen[b]``, reads page ``block_table[b][o // bs]`` row ``o % bs``.
+    k_fp8: uint8 ``[N, 128]`` (rows may be strided) and k_scale: fp32 ``[N]``, written in place
+    (allocated zero-filled when None). Invalid tokens write nothing; a valid token whose page is
+    invalid gets scale 0 and an untouched value row. Returns ``(k_fp8, k_scale)``.
+    """
+    n = token_to_seq.shape[0]
+    if k_fp8 is None:
+        k_fp8 = _zeros(token_to_seq, (n, 128), "uint8")
+    if k_scale is None:
+        k_scale = _zeros(token_to_seq, (n,), "float32")
+    args = (token_to_seq, cu_seqlen, block_table, cache, _bs(block_size), layout, k_fp8, k_scale,
+            path)
+    if _use_ops(k_scale):
+        _TORCH.ops.sparsemla.gather_indexer_keys(*args)
+    else:
+        _r_gather_indexer_keys(*args)
+    return k_fp8, k_scale
+
+
+# ---- ragged lists --------------------------------------------------------------------------------------
+def alloc_ragged(max_rows, width, like):
+    """Persistent list buffers for CUDA graphs (SPEC 4.6): ``(indices int32 [max_rows*width],
+    indptr int32 [max_rows+1])`` in the library/device of ``like``. Builders rewrite them in place
+    every step (pass ``out=(indices, indptr)`` and rows of the captured count; ``row_valid`` 0 for
+    rows beyond the live batch), so their addresses never change."""
+    return _empty(like, (max_rows * width,), "int32"), _empty(like, (max_rows + 1,), "int32")
+
+
+def _outs(out, like, rows, width):
+    if out is not None:
+        return out[0], out[1]
+    return alloc_ragged(rows, width, like)
+
+
+def _r_build_ragged_from_dense(dense, lengths, request_index, num_slots, row_valid, out_indices,
+                               out_indptr, path):
+    with _guard(out_indptr):
+        _C.build_ragged_from_dense(_dl("dense", dense), _dl("lengths", lengths),
+                                   _dl("request_index", request_index), num_slots,
+                                   _dl("row_valid", row_valid), _dl("out_indices", out_indices),
+                                   _dl("out_indptr", out_indptr), path, _stream(out_indptr))
+
+
+def build_ragged_from_dense(dense, lengths, *, request_index=None, num_slots=0, row_valid=None,
+                            out=None, path="auto"):
+    """Dense index rows + lengths -> a ragged list (SPEC 4.6).
+
+    dense: int32 ``[R, W]`` (rows may be strided); lengths: int32 ``[R]``, or ``[num_requests]``
+    with request_index int32 ``[R]`` (FlashMLA's per-request ``topk_length``, broadcast to the
+    request's rows). Row r keeps its first ``clamp(len, 0, W)`` entries; with ``num_slots > 0`` kept
+    values outside ``[0, num_slots)`` become -1. row_valid: uint8 ``[R]`` (0: padding row, length
+    0) or None. out: ``(indices int32 [>= R*W], indptr int32 [>= R+1])`` written in place, else
+    allocated. Returns ``(indices, indptr)``; the planner width of the list is W.
+    """
+    r, w = dense.shape
+    out_indices, out_indptr = _outs(out, dense, r, w)
+    args = (dense, lengths, request_index, int(num_slots), row_valid, out_indices, out_indptr, path)
+    if _use_ops(out_indptr):
+        _TORCH.ops.sparsemla.build_ragged_from_dense(*args)
+    else:
+        _r_build_ragged_from_dense(*args)
+    return out_indices, out_indptr
+
+
+def _r_build_window_lists(positions, request_index, block_table, block_size, window, width,
+                          row_valid, out_indices, out_indptr, path):
+    with _guard(out_indptr):
+        _C.build_window_lists(_dl("positions", positions), _dl("request_index", request_index),
+                              _dl("block_table", block_table), block_size, window, width,
+                              _dl("row_valid", row_valid), _dl("out_indices", out_indices),
+                              _dl("out_indptr", out_indptr), path, _stream(out_indptr))
+
+
+def build_window_lists(positions, block_table, block_size, *, request_index=None, window=128,
+                       width=None, row_valid=None, out=None, path="auto"):
+    """Sliding-window lists (SPEC 4.6): row r covers positions ``max(pos-127, 0) .. pos``
+    (``len = min(pos+1, window)``), entry j = slot of position ``start + j`` through the window
+    block table: ``block_table[req][q // block_size] * block_size + q % block_size`` (-1 past the
+    table row).
+
+    positions: int64 ``[R]`` query positions; block_table: int32 ``[num_requests, table_width]``;
+    request_index: int32 ``[R]`` (None: row r is request r); width W (default window) >= window;
+    row_valid, out as in :func:`build_ragged_from_dense`. Returns ``(indices, indptr)``.
+    """
+    r = positions.shape[0]
+    width = int(window if width is None else width)
+    out_indices, out_indptr = _outs(out, positions, r, width)
+    args = (positions, request_index, block_table, int(block_size), int(window), width, row_valid,
+            out_indices, out_indptr, path)
+    if _use_ops(out_indptr):
+        _TORCH.ops.sparsemla.build_window_lists(*args)
+    else:
+        _r_build_window_lists(*args)
+    return out_indices, out_indptr
+
+
+def _r_build_topk_lists(topk, topk_length, request_index, block_table, block_size, row_valid,
+                        out_indices, out_indptr, path):
+    with _guard(out_indptr):
+        _C.build_topk_lists(_dl("topk", topk), _dl("topk_length", topk_length),
+                            _dl("request_index", request_index), _dl("block_table", block_table),
+                            block_size, _dl("row_valid", row_valid),
+                            _dl("out_indices", out_indices), _dl("out_indptr", out_indptr), path,
+                            _stream(out_indptr))
+
+
+def build_topk_lists(topk, block_table, block_size, *, topk_length=None, request_index=None,
+                     row_valid=None, out=None, path="auto"):
+    """Ratio-4 lists from the indexer's local top-k (SPEC 4.6).
+
+    topk: int32 ``[R, W]`` local compressed indices; block_table: int32 ``[num_requests, Wt]``
+    (compressed cache pages, page size block_size). ``len`` = number of entries in
+    ``[0, Wt*block_size)`` (only the first ``topk_length[req]`` entries count when topk_length
+    int32 ``[num_requests]`` is given); the first len entries are kept, local i ->
+    ``block_table[req][i // bs] * bs + i % bs``, entries of that prefix out of range -> -1.
+    request_index, row_valid, out as in :func:`build_window_lists`. Returns ``(indices, indptr)``.
+    """
+    r, w = topk.shape
+    out_indices, out_indptr = _outs(out, topk, r, w)
+    args = (topk, topk_length, request_index, block_table, int(block_size), row_valid, out_indices,
+            out_indptr, path)
+    if _use_ops(out_indptr):
+        _TORCH.ops.sparsemla.build_topk_lists(*args)
+    else:
+        _r_build_topk_lists(*args)
+    return out_indices, out_indptr
+
+
+def _r_build_compressed_all_lists(positions, request_index, block_table, block_size, ratio,
+                                  max_compressed, width, row_valid, out_indices, out_indptr, path):
+    with _guard(out_indptr):
+        _C.build_compressed_all_lists(_dl("positions", positions),
+                                      _dl("request_index", request_index),
+                                      _dl("block_table", block_table), block_size, ratio,
+                                      max_compressed, width, _dl("row_valid", row_valid),
+                                      _dl("out_indices", out_indices),
+                                      _dl("out_indptr", out_indptr), path, _stream(out_indptr))
+
+
+def build_compressed_all_lists(positions, block_table, block_size, max_compressed, *, ratio=128,
+                               request_index=None, width=None, row_valid=None, out=None,
+                               path="auto"):
+    """Ratio-128 lists, every compressed entry so far (SPEC 4.6): row r has
+    ``n = min((pos+1) // ratio, max_compressed)`` entries i = 0..n-1 mapped through block_table as
+    in :func:`build_topk_lists`. max_compressed: :func:`max_compressed_entries` (8192 at 1M
+    context); width W (default max_compressed) >= max_compressed. Returns ``(indices, indptr)``.
+    """
+    r = positions.shape[0]
+    width = int(max_compressed if width is None else width)
+    out_indices, out_indptr = _outs(out, positions, r, width)
+    args = (positions, request_index, block_table, int(block_size), int(ratio), int(max_compressed),
+            width, row_valid, out_indices, out_indptr, path)
+    if _use_ops(out_indptr):
+        _TORCH.ops.sparsemla.build_compressed_all_lists(*args)
+    else:
+        _r_build_compressed_all_lists(*args)
+    return out_indices, out_indptr
+
+
+def max_compressed_entries(max_model_len, ratio=128):
+    """``roundup(ceil(max_model_len / ratio), 128)``: the width W of ratio-128 lists."""
+    return _C.max_compressed_entries(int(max_model_len), int(ratio))
+
+
+# ---- planners and gates ----------------------------------------------------------------------------------
+def plan_generic(num_tokens, num_heads, width_main, width_extra, num_sms):
+    """Generic split selector of SPEC 4.4 (cap 16): S from T, hb = ceil(H/16), the lists' dense
+    widths and the multiprocessor count CU."""
+    return _C.plan("generic", num_tokens, num_heads, width_main, width_extra, num_sms)
+
+
+def plan_specialised_ref(num_tokens, num_heads, width_main, width_extra, num_sms):
+    """Specialised split selector of SPEC 4.4 exactly as specified (cap 32; conformance-pinned)."""
+    return _C.plan("specialised", num_tokens, num_heads, width_main, width_extra, num_sms)
+
+
+def plan_sm90_tuned(num_tokens, num_heads, width_main, width_extra, num_sms):
+    """The split policy the specialised path launches with (re-tuned for 132 SMs), in [1, 32]."""
+    return _C.plan("sm90-tuned", num_tokens, num_heads, width_main, width_extra, num_sms)
+
+
+def plan_iters(width_main, width_extra, s):
+    """iters(s) of SPEC 4.4: key blocks of 32 per split over both lists."""
+    return _C.plan_iters(width_main, width_extra, s)
+
+
+def adaptive_one_wave(num_tokens, num_heads, width_main, width_extra, num_sms, splits):
+    """ONE_WAVE of SPEC 4.5: ``max(1, CU // base)`` when ``16 <= base < 64``, else splits."""
+    return _C.adaptive_one_wave(num_tokens, num_heads, width_main, width_extra, num_sms, splits)
+
+
+def adaptive_active_splits(len_main, len_extra, splits, one_wave):
+    """Splits that do work for a row with true lengths (len_main, len_extra) (SPEC 4.5)."""
+    return _C.adaptive_active_splits(len_main, len_extra, splits, one_wave)
+
+
+def may_skip_extra_scrub(specialised_path, format_is_fp8_ds_mla, kv_connector, has_extra_cache,
+                         extra_cache_sanitised):
+    """The NaN provenance gate of SPEC 5: True only when all of specialised path, fp8_ds_mla format,
+    no KV connector, an extra cache and a sanitised extra cache hold."""
+    return _C.may_skip_extra_scrub(bool(specialised_path), bool(format_is_fp8_ds_mla),
+                                   bool(kv_connector), bool(has_extra_cache),
+                                   bool(extra_cache_sanitised))
+
+
+def select_gpu_path(cc_major, cc_minor, have_sm90a_kernels, caches_fast_aligned, requested="auto"):
+    """The architecture gate of SPEC 7: ``"cuda-sm90"`` only on cc 9.0 with sm_90a kernels and
+    16-byte aligned caches (or when forced), else ``"cuda-generic"``."""
+    return _C.select_gpu_path(cc_major, cc_minor, bool(have_sm90a_kernels),
+                              bool(caches_fast_aligned), requested)
+
+
+# ---- decode ------------------------------------------------------------------------------------------------
+def _decode_args(q, main_cache, main_block_size, main_indices, main_indptr, main_width, extra_cache,
+                 extra_block_size, extra_indices, extra_indptr, extra_width, sink, scale, positions,
+                 rope, num_splits, num_sms, adaptive_splits, extra_cache_sanitised, kv_connector,
+                 path, out, lse):
+    a = _C.DecodeArgs()
+    a.q = _dl("q", q)
+    a.main_cache = _dl("main_cache", main_cache)
+    a.main_indices = _dl("main_indices", main_indices)
+    a.main_indptr = _dl("main_indptr", main_indptr)
+    a.main_block_size = main_block_size
+    a.main_width = main_width
+    for name, value in (("extra_cache", extra_cache), ("extra_indices", extra_indices),
+                        ("extra_indptr", extra_indptr), ("sink", sink), ("positions", positions),
+                        ("rope", rope), ("out", out), ("lse", lse)):
+        if value is not None:
+            setattr(a, name, _dl(name, value))
+    a.extra_block_size = extra_block_size
+    a.extra_width = extra_width
+    a.scale = DEFAULT_SCALE if scale is None else float(scale)
+    a.num_splits = num_splits
+    a.num_sms = num_sms
+    a.adaptive_splits = adaptive_splits
+    a.extra_cache_sanitised = extra_cache_sanitised
+    a.kv_connector = kv_connector
+    a.path = path
+    a.stream = _stream(q)
+    return a
+
+
+def _planner_splits(planner, q, main_indices, main_width, extra_indices, extra_width, num_sms):
+    """S from a named planner: widths = the lists' dense widths (capacity / T when not given), CU =
+    num_sms, else the GPU's multiprocessors, else the CPU count."""
+    t, h = q.shape[0], q.shape[1]
+    if t == 0:
+        return 1
+    wm = main_width or main_indices.shape[0] // t
+    we = 0 if extra_indices is None else (extra_width or extra_indices.shape[0] // t)
+    cu = num_sms
+    if cu <= 0:
+        if _is_tensor(q) and q.is_cuda:
+            cu = _torch_mod().cuda.get_device_properties(q.device).multi_processor_count
+        else:
+            cu = os.cpu_count() or 1
+    return _C.plan(planner, t, h, wm, we, cu)
+
+
+def _alloc_like(like):
+    if _is_tensor(like) and like.is_cuda:
+        torch = _torch_mod()
+        return lambda nbytes: torch.empty(nbytes, dtype=torch.uint8,
+                                          device=like.device).__dlpack__(stream=-1)
+    if _is_tensor(like):
+        torch = _torch_mod()
+        return lambda nbytes: torch.empty(nbytes, dtype=torch.uint8)
+    return lambda nbytes: np.empty(nbytes, dtype=np.uint8)
+
+
+def _resolve_splits(num_splits, planner, q, main_indices, main_width, extra_indices, extra_width,
+                    num_sms):
+    if num_splits or planner in ("auto", "generic"):
+        return num_splits
+    if planner not in ("specialised", "sm90-tuned"):
+        raise Error(f"sparsemla::sparse_decode: argument 'planner': expected 'auto', 'generic', "
+                    f"'specialised' or 'sm90-tuned', got '{planner}'")
+    return _planner_splits(planner, q, main_indices, main_width, extra_indices, extra_width,
+                           num_sms)
+
+
+def _r_sparse_decode_out(q, main_cache, main_block_size, main_indices, main_indptr, main_width,
+                         extra_cache, extra_block_size, extra_indices, extra_indptr, extra_width,
+                         sink, scale, positions, rope, num_splits, planner, num_sms,
+                         adaptive_splits, extra_cache_sanitised, kv_connector, path, out, lse,
+                         workspace):
+    with _guard(q):
+        splits = _resolve_splits(num_splits, planner, q, main_indices, main_width, extra_indices,
+                                 extra_width, num_sms)
+        a = _decode_args(q, main_cache, main_block_size, main_indices, main_indptr, main_width,
+                         extra_cache, extra_block_size, extra_indices, extra_indptr, extra_width,
+                         sink, scale, positions, rope, splits, num_sms, adaptive_splits,
+                         extra_cache_sanitised, kv_connector, path, out, lse)
+        _C.sparse_decode(a, _dl("workspace", workspace), _alloc_like(q))
+
+
+def sparse_decode(q, main_cache, main_indices, main_indptr, *, main_block_size=None, main_width=0,
+                  extra_cache=None, extra_indices=None, extra_indptr=None, extra_block_size=None,
+                  extra_width=0, sink=None, scale=None, positions=None, rope=None, num_splits=0,
+                  planner="auto", num_sms=0, adaptive_splits=False, trust_extra_nan_free=False,
+                  kv_connector=False, path="auto", out=None, lse=None, workspace=None,
+                  return_lse=False):
+    """Sparse MLA decode against FP8 paged caches (SPEC 4): one softmax over the main and extra lists.
+
+    q: bf16 ``[T, H, 512]`` (H in 1..128; last dim contiguous, other strides free).
+    main_cache: uint8 paged fp8_ds_mla cache (the window cache; block_size from ``shape[1]`` of a
+    >= 3-D cache, else ``main_block_size``). main_indices int32 ``[cap]`` + main_indptr int32
+    ``[>= T+1]``: ragged list, row t = ``indices[indptr[t]:indptr[t+1]]`` global slot ids (-1 or
+    any out-of-range value: skipped). main_width: the list's dense row width W for the planner
+    (0: cap // T). extra_*: the same for the compressed cache (ratio-4 top-k or ratio-128 lists),
+    or None for window-only layers.
+    sink: fp32 ``[H]`` attention sink in natural-log units (-inf: no effect, +inf: zero output) or
+    None; scale: softmax scale (default ``512**-0.5``).
+    positions int64 ``[T]`` + rope fp32 ``[P, 64]``: fused inverse RoPE of output dims 448..511 at
+    each query's position (both or neither).
+    num_splits: split-K count S in 1..32, or 0 with ``planner``: ``"auto"``/``"generic"`` (the
+    path's planner), ``"specialised"`` (plan_specialised_ref) or ``"sm90-tuned"``; num_sms: CU for
+    the planner (0: the device's). adaptive_splits: SPEC 4.5 (specialised path).
+    trust_extra_nan_free: the caller asserts every reachable extra row was written by this
+    library's compressor in sanitising mode (``extra_cache_sanitised``; with the specialised path
+    and no kv_connector the extra cache's NaN scrub is skipped, SPEC 5).
+    out: bf16 ``[T, H, 512]`` written in place (else allocated); lse: fp32 ``[T, H]`` written in
+    place: natural-log log-sum-exp of the scaled scores without the sink, +inf for a row without
+    a valid key; workspace: contiguous buffer of >= :func:`workspace_size` bytes (allocated when
+    needed and None). Rows without keys, or with a +inf sink, give exact 0.
+    Returns out, or ``(out, lse)`` when ``return_lse`` or lse is given.
+    """
+    t, h = q.shape[0], q.shape[1]
+    want_lse = return_lse or lse is not None
+    if out is None:
+        out = _empty(q, (t, h, 512), "like")
+    if want_lse and lse is None:
+        lse = _empty(q, (t, h), "float32")
+    args = (q, main_cache, _bs(main_block_size), main_indices, main_indptr, int(main_width),
+            extra_cache, _bs(extra_block_size), extra_indices, extra_indptr, int(extra_width), sink,
+            DEFAULT_SCALE if scale is None else float(scale), positions, rope, int(num_splits),
+            planner, int(num_sms), bool(adaptive_splits), bool(trust_extra_nan_free),
+            bool(kv_connector), path, out, lse, workspace)
+    if _use_ops(q):
+        _TORCH.ops.sparsemla.sparse_decode_out(*args)
+    else:
+        _r_sparse_decode_out(*args)
+    return (out, lse) if want_lse else out
+
+
+def _query_args(q, main_cache, main_indices, main_indptr, main_block_size, main_width, extra_cache,
+                extra_indices, extra_indptr, extra_block_size, extra_width, sink, scale, positions,
+                rope, num_splits, planner, num_sms, adaptive_splits, trust_extra_nan_free,
+                kv_connector, path, out, lse):
+    splits = _resolve_splits(int(num_splits), planner, q, main_indices, int(main_width),
+                             extra_indices, int(extra_width), int(num_sms))
+    return _decode_args(q, main_cache, _bs(main_block_size), main_indices, main_indptr,
+                        int(main_width), extra_cache, _bs(extra_block_size), extra_indices,
+                        extra_indptr, int(extra_width), sink, scale, positions, rope, splits,
+                        int(num_sms), bool(adaptive_splits), bool(trust_extra_nan_free),
+                        bool(kv_connector), path, out, lse)
+
+
+_QUERY_DEFAULTS = dict(main_block_size=None, main_width=0, extra_cache=None, extra_indices=None,
+                       extra_indptr=None, extra_block_size=None, extra_width=0, sink=None,
+                       scale=None, positions=None, rope=None, num_splits=0, planner="auto",
+                       num_sms=0, adaptive_splits=False, trust_extra_nan_free=False,
+                       kv_connector=False, path="auto", out=None, lse=None)
+
+
+def _query(q, main_cache, main_indices, main_indptr, kwargs):
+    unknown = set(kwargs) - set(_QUERY_DEFAULTS) - {"workspace", "return_lse"}
+    if unknown:
+        raise TypeError(f"sparsemla: unexpected keyword argument(s) {sorted(unknown)}")
+    k = dict(_QUERY_DEFAULTS)
+    k.update({n: v for n, v in kwargs.items() if n in _QUERY_DEFAULTS})
+    return _query_args(q, main_cache, main_indices, main_indptr, **k)
+
+
+def unsupported_reason(q, main_cache, main_indices, main_indptr, **kwargs):
+    """Why :func:`sparse_decode` with these arguments would fail (the full validation message), or
+    None when it is supported. Takes the arguments of sparse_decode; runs nothing."""
+    with _guard(q):
+        a = _query(q, main_cache, main_indices, main_indptr, kwargs)
+        return _C.decode_unsupported(a, kwargs.get("out") is not None)
+
+
+def is_supported(q, main_cache, main_indices, main_indptr, **kwargs):
+    """True when :func:`sparse_decode` can run with these arguments (see unsupported_reason)."""
+    return unsupported_reason(q, main_cache, main_indices, main_indptr, **kwargs) is None
+
+
+def decode_num_splits(q, main_cache, main_indices, main_indptr, **kwargs):
+    """The split count S that :func:`sparse_decode` with these arguments uses."""
+    with _guard(q):
+        return _C.decode_num_splits(_query(q, main_cache, main_indices, main_indptr, kwargs))
+
+
+def workspace_size(num_tokens, num_heads, num_splits):
+    """Workspace bytes of a decode with S splits: ``T*S*H*(2+512)*4`` (m, l and acc partials)."""
+    return _C.decode_workspace_size(int(num_tokens), int(num_heads), int(num_splits))
+
+
+def sparse_decode_reference(q, main_cache, main_indices, main_indptr, **kwargs):
+    """float64 reference of :func:`sparse_decode` on the dequantised cache (CPU arrays), with the
+    kernels' scrub decisions and no bf16 rounding of probabilities. Same arguments (out, lse,
+    workspace ignored). Returns ``(out float64 [T, H, 512], lse float64 [T, H])``."""
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("out", "lse", "workspace", "return_lse")}
+    a = _query(q, main_cache, main_indices, main_indptr, kwargs)
+    t, h = q.shape[0], q.shape[1]
+    out = np.zeros((t, h, 512), dtype=np.float64)
+    lse = np.zeros((t, h), dtype=np.float64)
+    _C.sparse_decode_reference(a, out, lse)
+    return out, lse
+
+
+def verify_decode_output(out, ref):
+    """The accuracy contract of SPEC 9 (CPU arrays): out bf16 ``[T, H, 512]`` against ref float64
+    ``[T, H, 512]``. Returns a dict: passed, elements, special_mismatches, tolerance_failures,
+    max_abs_error, cosine_diff, first_bad, summary."""
+    return _C.verify_decode_output(_dl("out", out), _dl("ref", ref))
+
+
+def built_with_cuda():
+    """True when this build holds the CUDA kernels."""
+    return _C.built_with_cuda()

@@ -1,0 +1,227 @@
+"""torch.ops.sparsemla.*: the operations as torch custom ops (imported by sparsemla when torch is).
+
+Every op is destination-passing: it writes into tensors the caller allocated and declares them in
+``mutates_args``, returns nothing (``sparse_decode`` also has a functional form returning
+``(out, lse)``), never synchronises with the host and never reads tensor data on the host, so the
+ops are opaque nodes under ``torch.compile(fullgraph=True)`` (fake implementations give the shapes)
+and can be captured in ``torch.cuda.graph``. CUDA work goes to the current stream of the tensors'
+device. The public functions of ``sparsemla`` call these ops when given torch tensors; the ops take
+the same arguments positionally (``block_size`` 0: from the cache's shape).
+"""
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _ops
+
+_NS = "sparsemla::"
+_LIB = torch.library
+
+
+def _op(name, mutates):
+    return _LIB.custom_op(_NS + name, mutates_args=mutates)
+
+
+@_op("write_window", ("cache",))
+def write_window(kv: Tensor, positions: Tensor, slots: Tensor, rope: Tensor, cache: Tensor,
+                 block_size: int, sanitise: bool, path: str) -> None:
+    """Window writer (sparsemla.write_window)."""
+    _ops._r_write_window(kv, positions, slots, rope, cache, block_size, sanitise, path)
+
+
+@write_window.register_fake
+def _(kv, positions, slots, rope, cache, block_size, sanitise, path):
+    return None
+
+
+@_op("write_compressor_state", ("state",))
+def write_compressor_state(kv: Tensor, score: Tensor, ape: Optional[Tensor], positions: Tensor,
+                           state_slots: Tensor, state: Tensor, ratio: int, head_dim: int,
+                           path: str) -> None:
+    """Compressor state writer (sparsemla.write_compressor_state)."""
+    _ops._r_write_compressor_state(kv, score, ape, positions, state_slots, state, ratio, head_dim,
+                                   path)
+
+
+@write_compressor_state.register_fake
+def _(kv, score, ape, positions, state_slots, state, ratio, head_dim, path):
+    return None
+
+
+@_op("compress", ("cache", "scratch"))
+def compress(positions: Tensor, request_index: Tensor, state_slots: Tensor, out_slots: Tensor,
+             state_block_table: Tensor, state: Tensor, norm_weight: Tensor, rope: Tensor,
+             cache: Tensor, block_size: int, ratio: int, norm_eps: float, sanitise: bool,
+             scratch: Optional[Tensor], path: str) -> None:
+    """KV compressor (sparsemla.compress)."""
+    _ops._r_compress(positions, request_index, state_slots, out_slots, state_block_table, state,
+                     norm_weight, rope, cache, block_size, ratio, norm_eps, sanitise, scratch, path)
+
+
+@compress.register_fake
+def _(positions, request_index, state_slots, out_slots, state_block_table, state, norm_weight, rope,
+      cache, block_size, ratio, norm_eps, sanitise, scratch, path):
+    return None
+
+
+@_op("compress_indexer", ("cache", "scratch"))
+def compress_indexer(positions: Tensor, request_index: Tensor, state_slots: Tensor,
+                     out_slots: Tensor, state_block_table: Tensor, state: Tensor,
+                     norm_weight: Tensor, rope: Tensor, cache: Tensor, block_size: int,
+                     norm_eps: float, sanitise: bool, scratch: Optional[Tensor],
+                     path: str) -> None:
+    """Indexer-key compressor (sparsemla.compress_indexer)."""
+    _ops._r_compress_indexer(positions, request_index, state_slots, out_slots, state_block_table,
+                             state, norm_weight, rope, cache, block_size, norm_eps, sanitise,
+                             scratch, path)
+
+
+@compress_indexer.register_fake
+def _(positions, request_index, state_slots, out_slots, state_block_table, state, norm_weight, rope,
+      cache, block_size, norm_eps, sanitise, scratch, path):
+    return None
+
+
+@_op("gather_indexer_keys", ("k_fp8", "k_scale"))
+def gather_indexer_keys(token_to_seq: Tensor, cu_seqlen: Tensor, block_table: Tensor,
+                        cache: Tensor, block_size: int, layout: str, k_fp8: Tensor,
+                        k_scale: Tensor, path: str) -> None:
+    """Indexer-key gather (sparsemla.gather_indexer_keys)."""
+    _ops._r_gather_indexer_keys(token_to_seq, cu_seqlen, block_table, cache, block_size, layout,
+                                k_fp8, k_scale, path)
+
+
+@gather_indexer_keys.register_fake
+def _(token_to_seq, cu_seqlen, block_table, cache, block_size, layout, k_fp8, k_scale, path):
+    return None
+
+
+@_op("build_ragged_from_dense", ("out_indices", "out_indptr"))
+def build_ragged_from_dense(dense: Tensor, lengths: Tensor, request_index: Optional[Tensor],
+                            num_slots: int, row_valid: Optional[Tensor], out_indices: Tensor,
+                            out_indptr: Tensor, path: str) -> None:
+    """Dense rows + lengths -> ragged list (sparsemla.build_ragged_from_dense)."""
+    _ops._r_build_ragged_from_dense(dense, lengths, request_index, num_slots, row_valid,
+                                    out_indices, out_indptr, path)
+
+
+@build_ragged_from_dense.register_fake
+def _(dense, lengths, request_index, num_slots, row_valid, out_indices, out_indptr, path):
+    return None
+
+
+@_op("build_window_lists", ("out_indices", "out_indptr"))
+def build_window_lists(positions: Tensor, request_index: Optional[Tensor], block_table: Tensor,
+                       block_size: int, window: int, width: int, row_valid: Optional[Tensor],
+                       out_indices: Tensor, out_indptr: Tensor, path: str) -> None:
+    """Window lists (sparsemla.build_window_lists)."""
+    _ops._r_build_window_lists(positions, request_index, block_table, block_size, window, width,
+                               row_valid, out_indices, out_indptr, path)
+
+
+@build_window_lists.register_fake
+def _(positions, request_index, block_table, block_size, window, width, row_valid, out_indices,
+      out_indptr, path):
+    return None
+
+
+@_op("build_topk_lists", ("out_indices", "out_indptr"))
+def build_topk_lists(topk: Tensor, topk_length: Optional[Tensor], request_index: Optional[Tensor],
+                     block_table: Tensor, block_size: int, row_valid: Optional[Tensor],
+                     out_indices: Tensor, out_indptr: Tensor, path: str) -> None:
+    """Ratio-4 top-k lists (sparsemla.build_topk_lists)."""
+    _ops._r_build_topk_lists(topk, topk_length, request_index, block_table, block_size, row_valid,
+                             out_indices, out_indptr, path)
+
+
+@build_topk_lists.register_fake
+def _(topk, topk_length, request_index, block_table, block_size, row_valid, out_indices, out_indptr,
+      path):
+    return None
+
+
+@_op("build_compressed_all_lists", ("out_indices", "out_indptr"))
+def build_compressed_all_lists(positions: Tensor, request_index: Optional[Tensor],
+                               block_table: Tensor, block_size: int, ratio: int,
+                               max_compressed: int, width: int, row_valid: Optional[Tensor],
+                               out_indices: Tensor, out_indptr: Tensor, path: str) -> None:
+    """Ratio-128 lists (sparsemla.build_compressed_all_lists)."""
+    _ops._r_build_compressed_all_lists(positions, request_index, block_table, block_size, ratio,
+                                       max_compressed, width, row_valid, out_indices, out_indptr,
+                                       path)
+
+
+@build_compressed_all_lists.register_fake
+def _(positions, request_index, block_table, block_size, ratio, max_compressed, width, row_valid,
+      out_indices, out_indptr, path):
+    return None
+
+
+@_op("inverse_rope", ("x",))
+def inverse_rope(x: Tensor, positions: Tensor, rope: Tensor, path: str) -> None:
+    """Standalone inverse RoPE in place (sparsemla.inverse_rope)."""
+    _ops._r_inverse_rope(x, positions, rope, path)
+
+
+@inverse_rope.register_fake
+def _(x, positions, rope, path):
+    return None
+
+
+@_op("sparse_decode_out", ("out", "lse", "workspace"))
+def sparse_decode_out(q: Tensor, main_cache: Tensor, main_block_size: int, main_indices: Tensor,
+                      main_indptr: Tensor, main_width: int, extra_cache: Optional[Tensor],
+                      extra_block_size: int, extra_indices: Optional[Tensor],
+                      extra_indptr: Optional[Tensor], extra_width: int, sink: Optional[Tensor],
+                      scale: float, positions: Optional[Tensor], rope: Optional[Tensor],
+                      num_splits: int, planner: str, num_sms: int, adaptive_splits: bool,
+                      extra_cache_sanitised: bool, kv_connector: bool, path: str, out: Tensor,
+                      lse: Optional[Tensor], workspace: Optional[Tensor]) -> None:
+    """Sparse decode into out (and lse) (sparsemla.sparse_decode). A missing workspace is allocated
+    on the current stream when S > 1 (graph-safe: the caching allocator serves captures)."""
+    _ops._r_sparse_decode_out(q, main_cache, main_block_size, main_indices, main_indptr, main_width,
+                              extra_cache, extra_block_size, extra_indices, extra_indptr,
+                              extra_width, sink, scale, positions, rope, num_splits, planner,
+                              num_sms, adaptive_splits, extra_cache_sanitised, kv_connector, path,
+                              out, lse, workspace)
+
+
+@sparse_decode_out.register_fake
+def _(q, main_cache, main_block_size, main_indices, main_indptr, main_width, extra_cache,
+      extra_block_size, extra_indices, extra_indptr, extra_width, sink, scale, positions, rope,
+      num_splits, planner, num_sms, adaptive_splits, extra_cache_sanitised, kv_connector, path, out,
+      lse, workspace):
+    return None
+
+
+@_op("sparse_decode", ())
+def sparse_decode(q: Tensor, main_cache: Tensor, main_block_size: int, main_indices: Tensor,
+                  main_indptr: Tensor, main_width: int, extra_cache: Optional[Tensor],
+                  extra_block_size: int, extra_indices: Optional[Tensor],
+                  extra_indptr: Optional[Tensor], extra_width: int, sink: Optional[Tensor],
+                  scale: float, positions: Optional[Tensor], rope: Optional[Tensor],
+                  num_splits: int, planner: str, num_sms: int, adaptive_splits: bool,
+                  extra_cache_sanitised: bool, kv_connector: bool,
+                  path: str) -> Tuple[Tensor, Tensor]:
+    """Functional sparse decode: returns (out bf16 [T, H, 512], lse fp32 [T, H])."""
+    out = torch.empty((q.shape[0], q.shape[1], 512), dtype=q.dtype, device=q.device)
+    lse = torch.empty((q.shape[0], q.shape[1]), dtype=torch.float32, device=q.device)
+    _ops._r_sparse_decode_out(q, main_cache, main_block_size, main_indices, main_indptr, main_width,
+                              extra_cache, extra_block_size, extra_indices, extra_indptr,
+                              extra_width, sink, scale, positions, rope, num_splits, planner,
+                              num_sms, adaptive_splits, extra_cache_sanitised, kv_connector, path,
+                              out, lse, None)
+    return out, lse
+
+
+@sparse_decode.register_fake
+def _(q, main_cache, main_block_size, main_indices, main_indptr, main_width, extra_cache,
+      extra_block_size, extra_indices, extra_indptr, extra_width, sink, scale, positions, rope,
+      num_splits, planner, num_sms, adaptive_splits, extra_cache_sanitised, kv_connector, path):
+    return (q.new_empty((q.shape[0], q.shape[1], 512)),
+            q.new_empty((q.shape[0], q.shape[1]), dtype=torch.float32))
+
+
+_ops._TORCH = torch

@@ -1,0 +1,1131 @@
+// python/src/bindings.cpp: the nanobind extension `sparsemla._C`.
+//
+// Thin on purpose: every function takes arrays through DLPack (nb::ndarray: numpy arrays, torch
+// tensors, anything with __dlpack__), checks dtype, shape, layout and device with an error that
+// names the argument, fills the library's params struct with the arrays' own pointers and strides
+// (zero copy) and calls the public C++ API, which validates again and picks the backend (host
+// pointers: CPU; device pointers: CUDA, on the stream passed in as an integer). Outputs are
+// allocated by the Python layer (python/sparsemla/_ops.py), never here, except the decode
+// workspace, which is requested through a Python callback once the split count is known.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "sparsemla/sparsemla.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace sparsemla::py {
+namespace {
+
+using In = nb::ndarray<nb::ro>;  // read-only view; writable arrays are accepted too
+using Out = nb::ndarray<>;       // written in place
+
+// ---- dtypes
+// --------------------------------------------------------------------------------------
+enum class Kind { U8, I32, I64, F32, F64, Bf16, AnyBytes };
+
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::U8:
+      return "uint8";
+    case Kind::I32:
+      return "int32";
+    case Kind::I64:
+      return "int64";
+    case Kind::F32:
+      return "float32";
+    case Kind::F64:
+      return "float64";
+    case Kind::Bf16:
+      return "bf16 (torch.bfloat16, or uint16 holding raw bf16 bits)";
+    case Kind::AnyBytes:
+      return "any (contiguous bytes)";
+  }
+  return "?";
+}
+
+bool dtype_is(nb::dlpack::dtype d, Kind k) {
+  using C = nb::dlpack::dtype_code;
+  const auto code = static_cast<C>(d.code);
+  if (d.lanes != 1) return false;
+  switch (k) {
+    case Kind::U8:
+      return code == C::UInt && d.bits == 8;
+    case Kind::I32:
+      return code == C::Int && d.bits == 32;
+    case Kind::I64:
+      return code == C::Int && d.bits == 64;
+    case Kind::F32:
+      return code == C::Float && d.bits == 32;
+    case Kind::F64:
+      return code == C::Float && d.bits == 64;
+    case Kind::Bf16:
+      return (code == C::Bfloat || code == C::UInt) && d.bits == 16;
+    case Kind::AnyBytes:
+      return d.bits % 8 == 0;
+  }
+  return false;
+}
+
+std::string dtype_text(nb::dlpack::dtype d) {
+  using C = nb::dlpack::dtype_code;
+  std::string name;
+  switch (static_cast<C>(d.code)) {
+    case C::Int:
+      name = "int";
+      break;
+    case C::UInt:
+      name = "uint";
+      break;
+    case C::Float:
+      name = "float";
+      break;
+    case C::Bfloat:
+      name = "bfloat";
+      break;
+    case C::Bool:
+      return "bool";
+    default:
+      name = "dtype-code-" + std::to_string(d.code) + "-";
+      break;
+  }
+  return name + std::to_string(d.bits) + (d.lanes != 1 ? "x" + std::to_string(d.lanes) : "");
+}
+
+template <class A>
+std::string shape_text(const A& a) {
+  std::string s = "(";
+  for (size_t i = 0; i < a.ndim(); ++i) s += (i ? ", " : "") + std::to_string(a.shape(i));
+  return s + (a.ndim() == 1 ? ",)" : ")");
+}
+
+template <class T, class A>
+T* ptr(const A& a) {
+  return reinterpret_cast<T*>(const_cast<void*>(static_cast<const void*>(a.data())));
+}
+
+// ---- one call's argument checks ----------------------------------------------------------------
+// Collects the device side of every array (all host, or all on one CUDA device) and throws
+// sparsemla::Error (Python: sparsemla.Error, a ValueError) naming the op and the argument.
+class Call {
+ public:
+  explicit Call(const char* op) : op_(op) {}
+
+  [[noreturn]] void fail(const std::string& arg, const std::string& expected,
+                         const std::string& got) const {
+    throw_arg_error(op_.c_str(), arg, expected, got);
+  }
+
+  // dtype, rank (ndim < 0: any) and device of a present array.
+  template <class A>
+  void check(const std::string& name, const A& a, Kind kind, int ndim) {
+    if (!a.is_valid()) fail(name, "an array", "None");
+    if (!dtype_is(a.dtype(), kind)) {
+      fail(name, std::string("dtype ") + kind_name(kind), dtype_text(a.dtype()));
+    }
+    if (ndim >= 0 && static_cast<int>(a.ndim()) != ndim) {
+      fail(name, std::to_string(ndim) + "-D array",
+           std::to_string(a.ndim()) + "-D, shape " + shape_text(a));
+    }
+    note_device(name, a);
+  }
+  template <class A>
+  void dim(const std::string& name, const A& a, int axis, int64_t expected,
+           const std::string& what) {
+    if (static_cast<int64_t>(a.shape(axis)) != expected) {
+      fail(name,
+           "shape[" + std::to_string(axis) + "] == " + what + " = " + std::to_string(expected),
+           "shape " + shape_text(a));
+    }
+  }
+  template <class A>
+  void min_dim(const std::string& name, const A& a, int axis, int64_t minimum,
+               const std::string& what) {
+    if (static_cast<int64_t>(a.shape(axis)) < minimum) {
+      fail(name, "shape[" + std::to_string(axis) + "] >= " + what + " = " + std::to_string(minimum),
+           "shape " + shape_text(a));
+    }
+  }
+  // The last axis has unit stride (rows may be strided).
+  template <class A>
+  void last_contiguous(const std::string& name, const A& a) {
+    if (a.size() == 0) return;  // empty: strides are meaningless
+    const size_t n = a.ndim();
+    if (n > 0 && a.shape(n - 1) > 1 && a.stride(n - 1) != 1) {
+      fail(name, "a unit-stride last dimension", "stride " + std::to_string(a.stride(n - 1)));
+    }
+  }
+  // Axes [from, ndim) form one dense C-ordered block (size-1 axes ignored).
+  template <class A>
+  void contiguous_from(const std::string& name, const A& a, size_t from) {
+    for (size_t i = 0; i < a.ndim(); ++i) {
+      if (a.shape(i) == 0) return;  // empty: no element is addressed
+    }
+    int64_t expected = 1;
+    for (size_t i = a.ndim(); i-- > from;) {
+      if (a.shape(i) == 1) continue;
+      if (a.stride(i) != expected) {
+        fail(name,
+             "C-contiguous " + std::string(from ? "rows (dimensions after the first)" : "data"),
+             "shape " + shape_text(a) + " with stride[" + std::to_string(i) +
+                 "] = " + std::to_string(a.stride(i)));
+      }
+      expected *= static_cast<int64_t>(a.shape(i));
+    }
+  }
+  // A contiguous 1-D vector of n elements (n < 0: any length); returns its length.
+  template <class A>
+  int64_t vec(const std::string& name, const A& a, Kind kind, int64_t n, const std::string& what) {
+    check(name, a, kind, 1);
+    if (n >= 0) dim(name, a, 0, n, what);
+    contiguous_from(name, a, 0);
+    return static_cast<int64_t>(a.shape(0));
+  }
+  // Optional vector: null when None.
+  template <class T, class A>
+  T* opt_vec(const std::string& name, const A& a, Kind kind, int64_t n, const std::string& what) {
+    if (!a.is_valid()) return nullptr;
+    vec(name, a, kind, n, what);
+    return ptr<T>(a);
+  }
+  // Stride of axis i, or 0 ("the default") for an axis of extent <= 1, where it is never used.
+  template <class A>
+  static int64_t stride_or_default(const A& a, size_t i) {
+    return a.shape(i) <= 1 ? 0 : a.stride(i);
+  }
+  template <class A>
+  void positive_strides(const std::string& name, const A& a) {
+    if (a.size() == 0) return;
+    for (size_t i = 0; i < a.ndim(); ++i) {
+      if (a.shape(i) > 1 && a.stride(i) <= 0) {
+        fail(name, "positive strides",
+             "stride[" + std::to_string(i) + "] = " + std::to_string(a.stride(i)));
+      }
+    }
+  }
+
+  bool on_device() const { return side_ == 1; }
+  const char* op() const { return op_.c_str(); }
+
+ private:
+  template <class A>
+  void note_device(const std::string& name, const A& a) {
+    const int type = a.device_type();
+    const bool device = type == nb::device::cuda::value || type == nb::device::cuda_managed::value;
+    const bool host = type == nb::device::cpu::value || type == nb::device::cuda_host::value;
+    if (!device && !host)
+      fail(name, "a CPU or CUDA array", "DLPack device type " + std::to_string(type));
+    const int side = device ? 1 : 0;
+    const int id = device ? a.device_id() : -1;
+    if (side_ < 0) {
+      side_ = side;
+      device_id_ = id;
+      first_ = name;
+      return;
+    }
+    if (side != side_ || id != device_id_) {
+      fail(name,
+           "an array on the same device as '" + first_ + "' (" + where(side_, device_id_) + ")",
+           where(side, id));
+    }
+  }
+  static std::string where(int side, int id) {
+    return side == 1 ? "CUDA device " + std::to_string(id) : "host memory";
+  }
+
+  std::string op_;
+  int side_ = -1;
+  int device_id_ = -1;
+  std::string first_;
+};
+
+Path path_of(const std::string& name) {
+  return parse_path(name);
+}
+void* stream_of(uintptr_t stream) {
+  return reinterpret_cast<void*>(stream);
+}
+
+IndexerLayout layout_of(Call& c, const std::string& name) {
+  if (name == "normal") return IndexerLayout::Normal;
+  if (name == "shuffle") return IndexerLayout::Shuffle;
+  c.fail("layout", "'normal' or 'shuffle'", "'" + name + "'");
+}
+
+// ---- views of caches and tables -----------------------------------------------------------------
+// A paged cache: uint8, first axis = pages (page stride = stride(0) bytes), the other axes one
+// dense C-ordered page of >= block_size * bytes_per_token bytes (e.g. FlashMLA's
+// [num_blocks, bs, 1, 584], vLLM's [num_blocks, bs, 584], or [num_blocks, padded_page_bytes]).
+// block_size <= 0: taken from shape[1] of a >= 3-D array.
+struct Paged {
+  uint8_t* base;
+  int64_t num_blocks;
+  int32_t block_size;
+  int64_t block_stride;
+};
+template <class A>
+Paged paged(Call& c, const std::string& name, const A& a, int64_t block_size, int bytes_per_token) {
+  c.check(name, a, Kind::U8, -1);
+  if (a.ndim() < 2) {
+    c.fail(name, "a paged cache [num_blocks, ...] with >= 2 dimensions", "shape " + shape_text(a));
+  }
+  c.contiguous_from(name, a, 1);
+  int64_t page = 1;
+  for (size_t i = 1; i < a.ndim(); ++i) page *= static_cast<int64_t>(a.shape(i));
+  if (block_size <= 0) {
+    if (a.ndim() < 3) {
+      c.fail(name + " block_size",
+             "an explicit block_size for a 2-D cache [num_blocks, page_bytes]", "none");
+    }
+    block_size = static_cast<int64_t>(a.shape(1));
+  }
+  if (block_size > INT32_MAX) c.fail(name + " block_size", "<= 2^31-1", std::to_string(block_size));
+  const int64_t need = block_size * bytes_per_token;
+  if (page < need) {
+    c.fail(name,
+           "pages of >= block_size*" + std::to_string(bytes_per_token) + " = " +
+               std::to_string(need) + " bytes (dimensions after the first)",
+           std::to_string(page) + " bytes, shape " + shape_text(a));
+  }
+  const int64_t nb = static_cast<int64_t>(a.shape(0));
+  int64_t stride = nb <= 1 ? page : a.stride(0);
+  if (stride < page) {
+    c.fail(name, "a page stride (stride[0]) >= the page size " + std::to_string(page),
+           std::to_string(stride));
+  }
+  return {ptr<uint8_t>(a), nb, static_cast<int32_t>(block_size), stride};
+}
+
+template <class A>
+CacheView mla_cache(Call& c, const std::string& name, const A& a, int64_t block_size) {
+  const Paged p = paged(c, name, a, block_size, Fp8DsMla::kBytesPerToken);
+  return {p.base, p.num_blocks, p.block_size, p.block_stride};
+}
+MutableCacheView mla_cache_mut(Call& c, const std::string& name, const Out& a, int64_t block_size) {
+  const Paged p = paged(c, name, a, block_size, Fp8DsMla::kBytesPerToken);
+  return {p.base, p.num_blocks, p.block_size, p.block_stride};
+}
+template <class A>
+IndexerCacheView indexer_cache(Call& c, const std::string& name, const A& a, int64_t block_size,
+                               const std::string& layout) {
+  const Paged p = paged(c, name, a, block_size, IndexerFp8::kBytesPerToken);
+  return {p.base, p.num_blocks, p.block_size, p.block_stride, layout_of(c, layout)};
+}
+
+// RoPE table fp32 [P, >= 64], rows strided.
+RopeTable rope_table(Call& c, const std::string& name, const In& a) {
+  c.check(name, a, Kind::F32, 2);
+  c.min_dim(name, a, 1, 64, "64 (cos x32 | sin x32)");
+  c.last_contiguous(name, a);
+  c.positive_strides(name, a);
+  return {ptr<const float>(a), static_cast<int64_t>(a.shape(0)),
+          a.shape(0) <= 1 ? 64 : a.stride(0)};
+}
+
+// Compressor state fp32 [num_blocks, state_bs, >= 2W], last axis contiguous.
+// row_width = 2W, the elements of a row the operation reads or writes.
+StateCacheView state_cache(Call& c, const std::string& name, const Out& a, int64_t row_width) {
+  c.check(name, a, Kind::F32, 3);
+  c.min_dim(name, a, 2, row_width, "2W (kv | score)");
+  c.last_contiguous(name, a);
+  c.positive_strides(name, a);
+  StateCacheView s;
+  s.base = ptr<float>(a);
+  s.num_blocks = static_cast<int64_t>(a.shape(0));
+  s.block_size = static_cast<int32_t>(a.shape(1));
+  s.row_stride = a.shape(1) <= 1 ? static_cast<int64_t>(a.shape(2)) : a.stride(1);
+  s.block_stride = a.shape(0) <= 1 ? s.row_stride * s.block_size : a.stride(0);
+  return s;
+}
+
+// int32 [rows, width] table, rows strided.
+struct Table {
+  const int32_t* data;
+  int64_t rows;
+  int32_t width;
+  int64_t stride;
+};
+Table table(Call& c, const std::string& name, const In& a) {
+  c.check(name, a, Kind::I32, 2);
+  c.last_contiguous(name, a);
+  c.positive_strides(name, a);
+  const int64_t w = static_cast<int64_t>(a.shape(1));
+  return {ptr<const int32_t>(a), static_cast<int64_t>(a.shape(0)), static_cast<int32_t>(w),
+          a.shape(0) <= 1 ? w : a.stride(0)};
+}
+
+// A [N, width] row matrix with strided rows; returns the row stride in elements.
+template <class A>
+int64_t rows(Call& c, const std::string& name, const A& a, Kind kind, int64_t n, int64_t width,
+             const std::string& what) {
+  c.check(name, a, kind, 2);
+  c.dim(name, a, 0, n, what);
+  if (width >= 0) c.dim(name, a, 1, width, std::to_string(width));
+  c.last_contiguous(name, a);
+  c.positive_strides(name, a);
+  return a.shape(0) <= 1 ? static_cast<int64_t>(a.shape(1)) : a.stride(0);
+}
+
+// ---- quantiser and row dequantisers (CPU) -------------------------------------------------------
+void py_quantize(const In& x, const Out& bytes, const Out& codes, int64_t block, int code_max) {
+  Call c("quantize");
+  c.check("x", x, Kind::Bf16, 2);
+  c.contiguous_from("x", x, 0);
+  const int64_t n = static_cast<int64_t>(x.shape(0)), d = static_cast<int64_t>(x.shape(1));
+  if (block < 1 || d % block != 0) {
+    c.fail("block", "a divisor of x.shape[1] = " + std::to_string(d), std::to_string(block));
+  }
+  if (code_max != kCodeMaxLegacy && code_max != kCodeMaxSanitising) {
+    c.fail("code_max", "254 (sanitising) or 255 (legacy)", std::to_string(code_max));
+  }
+  rows(c, "out_bytes", bytes, Kind::U8, n, d, "x.shape[0]");
+  c.contiguous_from("out_bytes", bytes, 0);
+  rows(c, "out_codes", codes, Kind::U8, n, d / block, "x.shape[0]");
+  c.contiguous_from("out_codes", codes, 0);
+  if (c.on_device())
+    c.fail("x", "host arrays (the standalone quantiser runs on the CPU)", "CUDA arrays");
+  const bf16_bits* in = ptr<const bf16_bits>(x);
+  uint8_t* b = ptr<uint8_t>(bytes);
+  uint8_t* k = ptr<uint8_t>(codes);
+  nb::gil_scoped_release release;
+  std::vector<float> tile(static_cast<size_t>(block));
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t t = 0; t < d / block; ++t) {
+      const int64_t o = r * d + t * block;
+      for (int64_t i = 0; i < block; ++i) tile[i] = bf16_to_float(in[o + i]);
+      const int e = quantize_block(tile.data(), static_cast<int>(block), b + o);
+      k[r * (d / block) + t] = quant_code(e, code_max);
+    }
+  }
+}
+
+void py_quantize_indexer(const In& x, const Out& bytes, const Out& scale) {
+  Call c("quantize_indexer");
+  c.check("x", x, Kind::Bf16, 2);
+  c.contiguous_from("x", x, 0);
+  c.dim("x", x, 1, IndexerFp8::kHeadDim, "128");
+  const int64_t n = static_cast<int64_t>(x.shape(0));
+  rows(c, "out_bytes", bytes, Kind::U8, n, IndexerFp8::kHeadDim, "x.shape[0]");
+  c.contiguous_from("out_bytes", bytes, 0);
+  c.vec("out_scale", scale, Kind::F32, n, "x.shape[0]");
+  if (c.on_device())
+    c.fail("x", "host arrays (the standalone quantiser runs on the CPU)", "CUDA arrays");
+  const bf16_bits* in = ptr<const bf16_bits>(x);
+  uint8_t* b = ptr<uint8_t>(bytes);
+  float* s = ptr<float>(scale);
+  nb::gil_scoped_release release;
+  float row[IndexerFp8::kHeadDim];
+  for (int64_t r = 0; r < n; ++r) {
+    for (int i = 0; i < IndexerFp8::kHeadDim; ++i) row[i] = bf16_to_float(in[r * 128 + i]);
+    s[r] = indexer_scale_of_exponent(quantize_block(row, IndexerFp8::kHeadDim, b + r * 128));
+  }
+}
+
+void py_dequantize_rows(const In& cache, int64_t block_size, const In& slots, bool scrub,
+                        const Out& out) {
+  Call c("dequantize_rows");
+  const CacheView view = mla_cache(c, "cache", cache, block_size);
+  const int64_t n = c.vec("slots", slots, Kind::I64, -1, "");
+  rows(c, "out", out, Kind::F32, n, Fp8DsMla::kHeadDim, "slots.shape[0]");
+  c.contiguous_from("out", out, 0);
+  if (c.on_device())
+    c.fail("cache", "host arrays (the row decoder runs on the CPU)", "CUDA arrays");
+  const int64_t* s = ptr<const int64_t>(slots);
+  float* o = ptr<float>(out);
+  nb::gil_scoped_release release;
+  for (int64_t i = 0; i < n; ++i) dequantize_row(view, s[i], scrub, o + i * Fp8DsMla::kHeadDim);
+}
+
+void py_dequantize_indexer_rows(const In& cache, int64_t block_size, const std::string& layout,
+                                const In& slots, const Out& out) {
+  Call c("dequantize_indexer_rows");
+  const IndexerCacheView view = indexer_cache(c, "cache", cache, block_size, layout);
+  const int64_t n = c.vec("slots", slots, Kind::I64, -1, "");
+  rows(c, "out", out, Kind::F32, n, IndexerFp8::kHeadDim, "slots.shape[0]");
+  c.contiguous_from("out", out, 0);
+  if (c.on_device())
+    c.fail("cache", "host arrays (the row decoder runs on the CPU)", "CUDA arrays");
+  const int64_t* s = ptr<const int64_t>(slots);
+  float* o = ptr<float>(out);
+  nb::gil_scoped_release release;
+  for (int64_t i = 0; i < n; ++i) dequantize_indexer_row(view, s[i], o + i * IndexerFp8::kHeadDim);
+}
+
+// ---- writers -----------------------------------------------------------------------------------
+void py_write_window(const In& kv, const In& positions, const In& slots, const In& rope,
+                     const Out& cache, int64_t block_size, bool sanitise, const std::string& path,
+                     uintptr_t stream) {
+  Call c("write_window");
+  WindowWriterParams p;
+  p.cache = mla_cache_mut(c, "cache", cache, block_size);
+  c.check("kv", kv, Kind::Bf16, 2);
+  p.num_tokens = static_cast<int64_t>(kv.shape(0));
+  p.kv_stride = rows(c, "kv", kv, Kind::Bf16, p.num_tokens, Fp8DsMla::kHeadDim, "N");
+  p.kv = ptr<const bf16_bits>(kv);
+  p.positions = ptr<const int64_t>(positions);
+  c.vec("positions", positions, Kind::I64, p.num_tokens, "kv.shape[0]");
+  c.vec("slots", slots, Kind::I64, p.num_tokens, "kv.shape[0]");
+  p.slots = ptr<const int64_t>(slots);
+  p.rope = rope_table(c, "rope", rope);
+  p.sanitise = sanitise;
+  p.path = path_of(path);
+  p.stream = stream_of(stream);
+  nb::gil_scoped_release release;
+  write_window(p);
+}
+
+void py_write_compressor_state(const In& kv, const In& score, const In& ape, const In& positions,
+                               const In& state_slots, const Out& state, int32_t ratio,
+                               int32_t head_dim, const std::string& path, uintptr_t stream) {
+  Call c("write_compressor_state");
+  StateWriterParams p;
+  p.ratio = ratio;
+  p.head_dim = head_dim;
+  const int64_t w = (ratio == 4 ? 2 : 1) * static_cast<int64_t>(head_dim);
+  p.state = state_cache(c, "state", state, 2 * w);
+  c.check("kv", kv, Kind::F32, 2);
+  p.num_tokens = static_cast<int64_t>(kv.shape(0));
+  const std::string width = "W = " + std::to_string(w) + " (coff*head_dim)";
+  if (static_cast<int64_t>(kv.shape(1)) != w)
+    c.fail("kv", "shape[1] == " + width, "shape " + shape_text(kv));
+  p.kv_stride = rows(c, "kv", kv, Kind::F32, p.num_tokens, w, "N");
+  p.kv = ptr<const float>(kv);
+  p.score_stride = rows(c, "score", score, Kind::F32, p.num_tokens, w, "kv.shape[0]");
+  p.score = ptr<const float>(score);
+  if (ape.is_valid()) {
+    rows(c, "ape", ape, Kind::F32, ratio, w, "ratio");
+    c.contiguous_from("ape", ape, 0);
+    p.ape = ptr<const float>(ape);
+  }
+  c.vec("positions", positions, Kind::I64, p.num_tokens, "kv.shape[0]");
+  p.positions = ptr<const int64_t>(positions);
+  c.vec("state_slots", state_slots, Kind::I64, p.num_tokens, "kv.shape[0]");
+  p.state_slots = ptr<const int64_t>(state_slots);
+  p.path = path_of(path);
+  p.stream = stream_of(stream);
+  nb::gil_scoped_release release;
+  write_compressor_state(p);
+}
+
+// Fields the KV and the indexer compressor share.
+template <class P>
+void compressor_common(Call& c, P& p, const In& positions, const In& request_index,
+                       const In& state_slots, const In& out_slots, const In& state_block_table,
+                       const Out& state, int64_t state_row, const In& norm_weight, int64_t head_dim,
+                       const In& rope, float norm_eps, bool sanitise, const Out& scratch,
+                       const std::string& path, uintptr_t stream) {
+  p.state = state_cache(c, "state", state, state_row);
+  p.num_tokens = c.vec("positions", positions, Kind::I64, -1, "");
+  p.positions = ptr<const int64_t>(positions);
+  c.vec("request_index", request_index, Kind::I32, p.num_tokens, "positions.shape[0]");
+  p.request_index = ptr<const int32_t>(request_index);
+  c.vec("state_slots", state_slots, Kind::I64, p.num_tokens, "positions.shape[0]");
+  p.state_slots = ptr<const int64_t>(state_slots);
+  c.vec("out_slots", out_slots, Kind::I64, p.num_tokens, "positions.shape[0]");
+  p.out_slots = ptr<const int64_t>(out_slots);
+  const Table t = table(c, "state_block_table", state_block_table);
+  p.state_block_table = t.data;
+  p.state_table_stride = t.stride;
+  p.state_table_width = t.width;
+  p.num_requests = t.rows;
+  c.vec("norm_weight", norm_weight, Kind::F32, head_dim, std::to_string(head_dim));
+  p.norm_weight = ptr<const float>(norm_weight);
+  p.norm_eps = norm_eps;
+  p.rope = rope_table(c, "rope", rope);
+  p.sanitise = sanitise;
+  if (scratch.is_valid()) {
+    rows(c, "scratch", scratch, Kind::F32, p.num_tokens, head_dim, "positions.shape[0]");
+    c.contiguous_from("scratch", scratch, 0);
+    p.scratch = ptr<float>(scratch);
+  }
+  p.path = path_of(path);
+  p.stream = stream_of(stream);
+}
+
+void py_compress(const In& positions, const In& request_index, const In& state_slots,
+                 const In& out_slots, const In& state_block_table, const Out& state,
+                 const In& norm_weight, const In& rope, const Out& cache, int64_t block_size,
+                 int32_t ratio, float norm_eps, bool sanitise, const Out& scratch,
+                 const std::string& path, uintptr_t stream) {
+  Call c("compress");
+  CompressorParams p;
+  p.cache = mla_cache_mut(c, "cache", cache, block_size);
+  p.ratio = ratio;
+  compressor_common(c, p, positions, request_index, state_slots, out_slots, state_block_table,
+                    state, 2 * (ratio == 4 ? 2 : 1) * Fp8DsMla::kHeadDim, norm_weight,
+                    Fp8DsMla::kHeadDim, rope, norm_eps, sanitise, scratch, path, stream);
+  nb::gil_scoped_release release;
+  compress(p);
+}
+
+void py_compress_indexer(const In& positions, const In& request_index, const In& state_slots,
+                         const In& out_slots, const In& state_block_table, const Out& state,
+                         const In& norm_weight, const In& rope, const Out& cache,
+                         int64_t block_size, float norm_eps, bool sanitise, const Out& scratch,
+                         const std::string& path, uintptr_t stream) {
+  Call c("compress_indexer");
+  IndexerCompressorParams p;
+  const Paged pg = paged(c, "cache", cache, block_size, IndexerFp8::kBytesPerToken);
+  p.cache = {pg.base, pg.num_blocks, pg.block_size, pg.block_stride, IndexerLayout::Normal};
+  compressor_common(c, p, positions, request_index, state_slots, out_slots, state_block_table,
+                    state, 2 * 2 * IndexerFp8::kHeadDim, norm_weight, IndexerFp8::kHeadDim, rope,
+                    norm_eps, sanitise, scratch, path, stream);
+  nb::gil_scoped_release release;
+  compress_indexer(p);
+}
+
+// ---- gather ------------------------------------------------------------------------------------
+void py_gather_indexer_keys(const In& token_to_seq, const In& cu_seqlen, const In& block_table,
+                            const In& cache, int64_t block_size, const std::string& layout,
+                            const Out& k_fp8, const Out& k_scale, const std::string& path,
+                            uintptr_t stream) {
+  Call c("gather_indexer_keys");
+  GatherParams p;
+  // The cache is only read; the library's view type is shared with the (mutable) writer side.
+  p.cache = indexer_cache(c, "cache", cache, block_size, layout);
+  p.num_tokens = c.vec("token_to_seq", token_to_seq, Kind::I32, -1, "");
+  p.token_to_seq = ptr<const int32_t>(token_to_seq);
+  const int64_t b1 = c.vec("cu_seqlen", cu_seqlen, Kind::I32, -1, "");
+  if (b1 < 1) c.fail("cu_seqlen", "B + 1 >= 1 entries", "0");
+  p.num_batches = b1 - 1;
+  p.cu_seqlen = ptr<const int32_t>(cu_seqlen);
+  const Table t = table(c, "block_table", block_table);
+  if (t.rows < p.num_batches) {
+    c.fail("block_table",
+           "shape[0] >= B = cu_seqlen.shape[0] - 1 = " + std::to_string(p.num_batches),
+           "shape " + shape_text(block_table));
+  }
+  p.block_table = t.data;
+  p.block_table_stride = t.stride;
+  p.block_table_width = t.width;
+  p.k_fp8_stride = rows(c, "k_fp8", k_fp8, Kind::U8, p.num_tokens, IndexerFp8::kHeadDim,
+                        "token_to_seq.shape[0]");
+  p.k_fp8 = ptr<uint8_t>(k_fp8);
+  c.vec("k_scale", k_scale, Kind::F32, p.num_tokens, "token_to_seq.shape[0]");
+  p.k_scale = ptr<float>(k_scale);
+  p.path = path_of(path);
+  p.stream = stream_of(stream);
+  nb::gil_scoped_release release;
+  gather_indexer_keys(p);
+}
+
+// ---- list builders -----------------------------------------------------------------------------
+// Output buffers of a builder writing R rows of width W: indices >= R*W, indptr >= R+1.
+RaggedOut ragged_out(Call& c, const Out& indices, const Out& indptr, int64_t num_rows,
+                     int64_t width) {
+  c.check("out_indices", indices, Kind::I32, 1);
+  c.contiguous_from("out_indices", indices, 0);
+  c.min_dim("out_indices", indices, 0, num_rows * width, "num_rows * width");
+  c.check("out_indptr", indptr, Kind::I32, 1);
+  c.contiguous_from("out_indptr", indptr, 0);
+  c.min_dim("out_indptr", indptr, 0, num_rows + 1, "num_rows + 1");
+  return {ptr<int32_t>(indices), ptr<int32_t>(indptr), width};
+}
+
+BuildCommon build_common(Call& c, int64_t num_rows, const In& row_valid, const std::string& path,
+                         uintptr_t stream) {
+  BuildCommon b;
+  b.num_rows = num_rows;
+  b.row_valid = c.opt_vec<const uint8_t>("row_valid", row_valid, Kind::U8, num_rows, "num_rows");
+  b.path = path_of(path);
+  b.stream = stream_of(stream);
+  return b;
+}
+
+void py_build_ragged_from_dense(const In& dense, const In& lengths, const In& request_index,
+                                int64_t num_slots, const In& row_valid, const Out& out_indices,
+                                const Out& out_indptr, const std::string& path, uintptr_t stream) {
+  Call c("build_ragged_from_dense");
+  DenseToRaggedParams p;
+  c.check("dense", dense, Kind::I32, 2);
+  const int64_t r = static_cast<int64_t>(dense.shape(0)), w = static_cast<int64_t>(dense.shape(1));
+  p.dense_stride = rows(c, "dense", dense, Kind::I32, r, w, "R");
+  p.dense = ptr<const int32_t>(dense);
+  if (request_index.is_valid()) {
+    c.vec("request_index", request_index, Kind::I32, r, "dense.shape[0]");
+    p.request_index = ptr<const int32_t>(request_index);
+    p.num_requests = c.vec("lengths", lengths, Kind::I32, -1, "");
+  } else {
+    c.vec("lengths", lengths, Kind::I32, r,
+          "dense.shape[0] (per row; pass request_index for per-request lengths)");
+  }
+  p.lengths = ptr<const int32_t>(lengths);
+  p.num_slots = num_slots;
+  p.common = build_common(c, r, row_valid, path, stream);
+  p.out = ragged_out(c, out_indices, out_indptr, r, w);
+  nb::gil_scoped_release release;
+  build_ragged_from_dense(p);
+}
+
+void py_build_window_lists(const In& positions, const In& request_index, const In& block_table,
+                           int64_t block_size, int32_t window, int64_t width, const In& row_valid,
+                           const Out& out_indices, const Out& out_indptr, const std::string& path,
+                           uintptr_t stream) {
+  Call c("build_window_lists");
+  WindowListParams p;
+  const int64_t r = c.vec("positions", positions, Kind::I64, -1, "");
+  p.positions = ptr<const int64_t>(positions);
+  p.request_index =
+      c.opt_vec<const int32_t>("request_index", request_index, Kind::I32, r, "positions.shape[0]");
+  const Table t = table(c, "block_table", block_table);
+  p.block_table = t.data;
+  p.block_table_stride = t.stride;
+  p.table_width = t.width;
+  p.num_requests = t.rows;
+  p.block_size = static_cast<int32_t>(block_size);
+  p.window = window;
+  p.common = build_common(c, r, row_valid, path, stream);
+  p.out = ragged_out(c, out_indices, out_indptr, r, width);
+  nb::gil_scoped_release release;
+  build_window_lists(p);
+}
+
+void py_build_topk_lists(const In& topk, const In& topk_length, const In& request_index,
+                         const In& block_table, int64_t block_size, const In& row_valid,
+                         const Out& out_indices, const Out& out_indptr, const std::string& path,
+                         uintptr_t stream) {
+  Call c("build_topk_lists");
+  TopkListParams p;
+  c.check("topk", topk, Kind::I32, 2);
+  const int64_t r = static_cast<int64_t>(topk.shape(0)), w = static_cast<int64_t>(topk.shape(1));
+  p.topk_stride = rows(c, "topk", topk, Kind::I32, r, w, "R");
+  p.topk = ptr<const int32_t>(topk);
+  const Table t = table(c, "block_table", block_table);
+  p.block_table = t.data;
+  p.block_table_stride = t.stride;
+  p.table_width = t.width;
+  p.num_requests = t.rows;
+  p.topk_length = c.opt_vec<const int32_t>("topk_length", topk_length, Kind::I32, t.rows,
+                                           "block_table.shape[0] (one per request)");
+  p.request_index =
+      c.opt_vec<const int32_t>("request_index", request_index, Kind::I32, r, "topk.shape[0]");
+  p.block_size = static_cast<int32_t>(block_size);
+  p.common = build_common(c, r, row_valid, path, stream);
+  p.out = ragged_out(c, out_indices, out_indptr, r, w);
+  nb::gil_scoped_release release;
+  build_topk_lists(p);
+}
+
+void py_build_compressed_all_lists(const In& positions, const In& request_index,
+                                   const In& block_table, int64_t block_size, int32_t ratio,
+                                   int64_t max_compressed, int64_t width, const In& row_valid,
+                                   const Out& out_indices, const Out& out_indptr,
+                                   const std::string& path, uintptr_t stream) {
+  Call c("build_compressed_all_lists");
+  CompressedAllListParams p;
+  const int64_t r = c.vec("positions", positions, Kind::I64, -1, "");
+  p.positions = ptr<const int64_t>(positions);
+  p.request_index =
+      c.opt_vec<const int32_t>("request_index", request_index, Kind::I32, r, "positions.shape[0]");
+  const Table t = table(c, "block_table", block_table);
+  p.block_table = t.data;
+  p.block_table_stride = t.stride;
+  p.table_width = t.width;
+  p.num_requests = t.rows;
+  p.block_size = static_cast<int32_t>(block_size);
+  p.ratio = ratio;
+  p.max_compressed = max_compressed;
+  p.common = build_common(c, r, row_valid, path, stream);
+  p.out = ragged_out(c, out_indices, out_indptr, r, width);
+  nb::gil_scoped_release release;
+  build_compressed_all_lists(p);
+}
+
+// ---- decode ------------------------------------------------------------------------------------
+// Everything a decode call takes, as the Python layer passes it (None for absent arrays).
+struct DecodeArgs {
+  In q, main_cache, main_indices, main_indptr, extra_cache, extra_indices, extra_indptr, sink,
+      positions, rope;
+  int64_t main_block_size = 0, main_width = 0, extra_block_size = 0, extra_width = 0;
+  float scale = kDefaultSoftmaxScale;
+  int32_t num_splits = 0, num_sms = 0;
+  bool adaptive_splits = false, extra_cache_sanitised = false, kv_connector = false;
+  std::string path = "auto";
+  Out out, lse;
+  uintptr_t stream = 0;
+};
+
+RaggedList ragged_list(Call& c, const std::string& name, const In& indices, const In& indptr,
+                       int64_t width, int64_t num_tokens) {
+  RaggedList l;
+  const int64_t cap = c.vec(name + "_indices", indices, Kind::I32, -1, "");
+  c.check(name + "_indptr", indptr, Kind::I32, 1);
+  c.contiguous_from(name + "_indptr", indptr, 0);
+  c.min_dim(name + "_indptr", indptr, 0, num_tokens + 1, "T + 1");
+  l.indices = ptr<const int32_t>(indices);
+  l.indptr = ptr<const int32_t>(indptr);
+  l.capacity = cap;
+  l.width = width;
+  return l;
+}
+
+// Fills DecodeParams from the arrays; `need_out`: out (and lse) are checked and used.
+DecodeParams decode_params(Call& c, const DecodeArgs& a, bool need_out) {
+  DecodeParams p;
+  c.check("q", a.q, Kind::Bf16, 3);
+  c.last_contiguous("q", a.q);
+  c.positive_strides("q", a.q);
+  c.dim("q", a.q, 2, Fp8DsMla::kHeadDim, "head dim");
+  p.num_tokens = static_cast<int64_t>(a.q.shape(0));
+  p.num_heads = static_cast<int32_t>(a.q.shape(1));
+  const int64_t T = p.num_tokens;
+  const int64_t H = p.num_heads;
+  p.q = ptr<const bf16_bits>(a.q);
+  p.q_stride_token = Call::stride_or_default(a.q, 0);
+  p.q_stride_head = H <= 1 ? 512 : a.q.stride(1);
+  p.main_cache = mla_cache(c, "main_cache", a.main_cache, a.main_block_size);
+  p.main_list = ragged_list(c, "main", a.main_indices, a.main_indptr, a.main_width, T);
+  if (a.extra_cache.is_valid()) {
+    p.has_extra = true;
+    p.extra_cache = mla_cache(c, "extra_cache", a.extra_cache, a.extra_block_size);
+    if (!a.extra_indices.is_valid() || !a.extra_indptr.is_valid()) {
+      c.fail("extra_indices/extra_indptr", "the extra list with the extra cache", "None");
+    }
+    p.extra_list = ragged_list(c, "extra", a.extra_indices, a.extra_indptr, a.extra_width, T);
+  } else if (a.extra_indices.is_valid() || a.extra_indptr.is_valid()) {
+    c.fail("extra_cache", "the extra cache with the extra list", "None");
+  }
+  p.sink = c.opt_vec<const float>("sink", a.sink, Kind::F32, H, "H (q.shape[1])");
+  p.scale = a.scale;
+  if (a.positions.is_valid()) {
+    c.vec("positions", a.positions, Kind::I64, T, "T (q.shape[0])");
+    p.positions = ptr<const int64_t>(a.positions);
+    if (!a.rope.is_valid())
+      c.fail("rope", "a cos/sin table with positions (fused inverse RoPE)", "None");
+    p.rope = rope_table(c, "rope", a.rope);
+  }
+  if (need_out) {
+    c.check("out", a.out, Kind::Bf16, 3);
+    c.last_contiguous("out", a.out);
+    c.positive_strides("out", a.out);
+    c.dim("out", a.out, 0, T, "T (q.shape[0])");
+    c.dim("out", a.out, 1, H, "H (q.shape[1])");
+    c.dim("out", a.out, 2, Fp8DsMla::kHeadDim, "512");
+    p.out = ptr<bf16_bits>(a.out);
+    p.out_stride_token = Call::stride_or_default(a.out, 0);
+    p.out_stride_head = H <= 1 ? 512 : a.out.stride(1);
+    if (a.lse.is_valid()) {
+      c.check("lse", a.lse, Kind::F32, 2);
+      c.positive_strides("lse", a.lse);
+      c.dim("lse", a.lse, 0, T, "T (q.shape[0])");
+      c.dim("lse", a.lse, 1, H, "H (q.shape[1])");
+      p.lse = ptr<float>(a.lse);
+      p.lse_stride_token = Call::stride_or_default(a.lse, 0);
+      p.lse_stride_head = H <= 1 ? 1 : a.lse.stride(1);
+    }
+  } else {
+    // Queries run no kernel; q's pointer stands in for `out` so that the path is resolved from
+    // the same device.
+    p.out = const_cast<bf16_bits*>(p.q);
+  }
+  p.extra_cache_sanitised = a.extra_cache_sanitised;
+  p.kv_connector = a.kv_connector;
+  p.num_splits = a.num_splits;
+  p.adaptive_splits = a.adaptive_splits;
+  p.num_sms = a.num_sms;
+  p.path = path_of(a.path);
+  p.stream = stream_of(a.stream);
+  return p;
+}
+
+// Runs the decode. Workspace: the given array when S > 1, else `alloc(nbytes)` is called (it
+// returns an array of >= nbytes bytes on the call's device, e.g. a DLPack capsule of a torch
+// tensor) and kept alive for the call.
+void py_sparse_decode(const DecodeArgs& a, const Out& workspace, nb::object alloc) {
+  Call c("sparse_decode");
+  const DecodeParams p = decode_params(c, a, /*need_out=*/true);
+  if (p.num_tokens == 0) return;
+  const int32_t splits = decode_num_splits(p);
+  void* ws = nullptr;
+  size_t ws_bytes = 0;
+  Out allocated;
+  if (splits > 1) {
+    const size_t need = decode_workspace_size(p.num_tokens, p.num_heads, splits);
+    if (workspace.is_valid()) {
+      c.check("workspace", workspace, Kind::AnyBytes, -1);
+      c.contiguous_from("workspace", workspace, 0);
+      ws = workspace.data();
+      ws_bytes = workspace.nbytes();
+    } else if (alloc.is_valid() && !alloc.is_none()) {
+      allocated = nb::cast<Out>(alloc(need));
+      c.check("workspace (allocated)", allocated, Kind::AnyBytes, -1);
+      ws = allocated.data();
+      ws_bytes = allocated.nbytes();
+    }
+  }
+  nb::gil_scoped_release release;
+  sparse_decode(p, ws, ws_bytes);
+}
+
+std::optional<std::string> py_decode_unsupported(const DecodeArgs& a, bool with_out) {
+  try {
+    Call c("sparse_decode");
+    const DecodeParams p = decode_params(c, a, with_out);
+    const char* why = nullptr;
+    if (decode_is_supported(p, &why)) return std::nullopt;
+    return std::string(why != nullptr ? why : "unsupported");
+  } catch (const Error& e) {
+    return std::string(e.what());
+  }
+}
+
+int32_t py_decode_num_splits(const DecodeArgs& a) {
+  Call c("decode_num_splits");
+  return decode_num_splits(decode_params(c, a, /*need_out=*/false));
+}
+
+void py_sparse_decode_reference(const DecodeArgs& a, const Out& out, const Out& lse) {
+  Call c("sparse_decode_reference");
+  DecodeParams p = decode_params(c, a, /*need_out=*/false);
+  p.out = nullptr;
+  const int64_t T = p.num_tokens, H = p.num_heads;
+  c.check("out", out, Kind::F64, 3);
+  c.contiguous_from("out", out, 0);
+  c.dim("out", out, 0, T, "T");
+  c.dim("out", out, 1, H, "H");
+  c.dim("out", out, 2, 512, "512");
+  double* lse_ptr = nullptr;
+  if (lse.is_valid()) {
+    c.check("lse", lse, Kind::F64, 2);
+    c.contiguous_from("lse", lse, 0);
+    c.dim("lse", lse, 0, T, "T");
+    c.dim("lse", lse, 1, H, "H");
+    lse_ptr = ptr<double>(lse);
+  }
+  if (c.on_device())
+    c.fail("q", "host arrays (the float64 reference runs on the CPU)", "CUDA arrays");
+  double* o = ptr<double>(out);
+  nb::gil_scoped_release release;
+  sparse_decode_reference(p, o, lse_ptr);
+}
+
+void py_inverse_rope(const Out& x, const In& positions, const In& rope, const std::string& path,
+                     uintptr_t stream) {
+  Call c("inverse_rope_inplace");
+  c.check("x", x, Kind::Bf16, 3);
+  c.last_contiguous("x", x);
+  c.positive_strides("x", x);
+  c.dim("x", x, 2, 512, "512");
+  const int64_t T = static_cast<int64_t>(x.shape(0));
+  const int32_t H = static_cast<int32_t>(x.shape(1));
+  c.vec("positions", positions, Kind::I64, T, "x.shape[0]");
+  const RopeTable r = rope_table(c, "rope", rope);
+  bf16_bits* data = ptr<bf16_bits>(x);
+  const int64_t st = Call::stride_or_default(x, 0), sh = H <= 1 ? 512 : x.stride(1);
+  const int64_t* pos = ptr<const int64_t>(positions);
+  const Path pt = path_of(path);
+  nb::gil_scoped_release release;
+  inverse_rope_inplace(data, T, H, st, sh, pos, r, pt, stream_of(stream));
+}
+
+nb::dict py_verify(const In& out, const In& ref) {
+  Call c("verify_decode_output");
+  c.check("out", out, Kind::Bf16, 3);
+  c.last_contiguous("out", out);
+  c.positive_strides("out", out);
+  c.dim("out", out, 2, 512, "512");
+  c.check("ref", ref, Kind::F64, 3);
+  c.contiguous_from("ref", ref, 0);
+  for (int i = 0; i < 3; ++i)
+    c.dim("ref", ref, i, static_cast<int64_t>(out.shape(i)),
+          "out.shape[" + std::to_string(i) + "]");
+  if (c.on_device()) c.fail("out", "host arrays", "CUDA arrays");
+  const int64_t T = static_cast<int64_t>(out.shape(0));
+  const int32_t H = static_cast<int32_t>(out.shape(1));
+  const VerifyResult v =
+      verify_decode_output(ptr<const bf16_bits>(out), T, H, Call::stride_or_default(out, 0),
+                           H <= 1 ? 512 : out.stride(1), ptr<const double>(ref));
+  nb::dict d;
+  d["passed"] = v.passed;
+  d["elements"] = v.elements;
+  d["special_mismatches"] = v.special_mismatches;
+  d["tolerance_failures"] = v.tolerance_failures;
+  d["max_abs_error"] = v.max_abs_error;
+  d["cosine_diff"] = v.cosine_diff;
+  d["first_bad"] = v.first_bad;
+  d["summary"] = v.summary();
+  return d;
+}
+
+// ---- planners ----------------------------------------------------------------------------------
+PlanShape plan_shape(int64_t t, int32_t h, int64_t wm, int64_t we, int32_t sms) {
+  PlanShape s;
+  s.num_tokens = t;
+  s.num_heads = h;
+  s.width_main = wm;
+  s.width_extra = we;
+  s.num_sms = sms;
+  return s;
+}
+
+void rope_table_fill(const Out& out, const std::string& kind, double theta, bool yarn,
+                     double factor, int64_t original_len, double beta_fast, double beta_slow) {
+  Call c("build_rope_table");
+  c.check("out", out, Kind::F32, 2);
+  c.dim("out", out, 1, 64, "64");
+  c.contiguous_from("out", out, 0);
+  if (c.on_device()) c.fail("out", "a host array", "a CUDA array");
+  RopeConfig cfg;
+  if (kind == "window") {
+    cfg = rope_config_window_layer();
+  } else if (kind == "compressed") {
+    cfg = rope_config_compressed_layer();
+  } else if (kind == "custom") {
+    cfg.theta = theta;
+    cfg.yarn = yarn;
+    cfg.yarn_factor = factor;
+    cfg.yarn_original_len = original_len;
+    cfg.yarn_beta_fast = beta_fast;
+    cfg.yarn_beta_slow = beta_slow;
+  } else {
+    c.fail("layer", "'window', 'compressed' or 'custom'", "'" + kind + "'");
+  }
+  const int64_t n = static_cast<int64_t>(out.shape(0));
+  const std::vector<float> t = build_rope_table(cfg, n);
+  std::copy(t.begin(), t.end(), ptr<float>(out));
+}
+
+}  // namespace
+}  // namespace sparsemla::py
+
+NB_MODULE(_C, m) {
+  using namespace sparsemla;
+  using namespace sparsemla::py;
+  m.doc() = "sparsemla native extension (use the `sparsemla` package, not this module)";
+  nb::exception<Error>(m, "Error", PyExc_ValueError);
+
+  m.attr("__version__") = std::to_string(kVersionMajor) + "." + std::to_string(kVersionMinor) +
+                          "." + std::to_string(kVersionPatch);
+  m.def("built_with_cuda", &built_with_cuda);
+  m.attr("BYTES_PER_TOKEN") = Fp8DsMla::kBytesPerToken;
+  m.attr("INDEXER_BYTES_PER_TOKEN") = IndexerFp8::kBytesPerToken;
+  m.attr("DEFAULT_SCALE") = kDefaultSoftmaxScale;
+
+  m.def("quantize", &py_quantize, "x"_a, "out_bytes"_a, "out_codes"_a, "block"_a, "code_max"_a);
+  m.def("quantize_indexer", &py_quantize_indexer, "x"_a, "out_bytes"_a, "out_scale"_a);
+  m.def("dequantize_rows", &py_dequantize_rows, "cache"_a, "block_size"_a, "slots"_a, "scrub"_a,
+        "out"_a);
+  m.def("dequantize_indexer_rows", &py_dequantize_indexer_rows, "cache"_a, "block_size"_a,
+        "layout"_a, "slots"_a, "out"_a);
+
+  m.def("write_window", &py_write_window, "kv"_a, "positions"_a, "slots"_a, "rope"_a, "cache"_a,
+        "block_size"_a, "sanitise"_a, "path"_a, "stream"_a = 0);
+  m.def("write_compressor_state", &py_write_compressor_state, "kv"_a, "score"_a, "ape"_a.none(),
+        "positions"_a, "state_slots"_a, "state"_a, "ratio"_a, "head_dim"_a, "path"_a,
+        "stream"_a = 0);
+  m.def("compress", &py_compress, "positions"_a, "request_index"_a, "state_slots"_a, "out_slots"_a,
+        "state_block_table"_a, "state"_a, "norm_weight"_a, "rope"_a, "cache"_a, "block_size"_a,
+        "ratio"_a, "norm_eps"_a, "sanitise"_a, "scratch"_a.none(), "path"_a, "stream"_a = 0);
+  m.def("compress_indexer", &py_compress_indexer, "positions"_a, "request_index"_a, "state_slots"_a,
+        "out_slots"_a, "state_block_table"_a, "state"_a, "norm_weight"_a, "rope"_a, "cache"_a,
+        "block_size"_a, "norm_eps"_a, "sanitise"_a, "scratch"_a.none(), "path"_a, "stream"_a = 0);
+  m.def("gather_indexer_keys", &py_gather_indexer_keys, "token_to_seq"_a, "cu_seqlen"_a,
+        "block_table"_a, "cache"_a, "block_size"_a, "layout"_a, "k_fp8"_a, "k_scale"_a, "path"_a,
+        "stream"_a = 0);
+
+  m.def("build_ragged_from_dense", &py_build_ragged_from_dense, "dense"_a, "lengths"_a,
+        "request_index"_a.none(), "num_slots"_a, "row_valid"_a.none(), "out_indices"_a,
+        "out_indptr"_a, "path"_a, "stream"_a = 0);
+  m.def("build_window_lists", &py_build_window_lists, "positions"_a, "request_index"_a.none(),
+        "block_table"_a, "block_size"_a, "window"_a, "width"_a, "row_valid"_a.none(),
+        "out_indices"_a, "out_indptr"_a, "path"_a, "stream"_a = 0);
+  m.def("build_topk_lists", &py_build_topk_lists, "topk"_a, "topk_length"_a.none(),
+        "request_index"_a.none(), "block_table"_a, "block_size"_a, "row_valid"_a.none(),
+        "out_indices"_a, "out_indptr"_a, "path"_a, "stream"_a = 0);
+  m.def("build_compressed_all_lists", &py_build_compressed_all_lists, "positions"_a,
+        "request_index"_a.none(), "block_table"_a, "block_size"_a, "ratio"_a, "max_compressed"_a,
+        "width"_a, "row_valid"_a.none(), "out_indices"_a, "out_indptr"_a, "path"_a, "stream"_a = 0);
+  m.def("max_compressed_entries", &max_compressed_entries, "max_model_len"_a, "ratio"_a);
+
+  m.def("plan_head_blocks", &plan_head_blocks, "num_heads"_a);
+  m.def("plan_iters", &plan_iters, "width_main"_a, "width_extra"_a, "s"_a);
+  m.def(
+      "plan",
+      [](const std::string& which, int64_t t, int32_t h, int64_t wm, int64_t we, int32_t sms) {
+        const PlanShape s = plan_shape(t, h, wm, we, sms);
+        if (which == "generic") return plan_generic(s);
+        if (which == "specialised") return plan_specialised_ref(s);
+        if (which == "sm90-tuned") return plan_sm90_tuned(s);
+        throw_arg_error("plan", "planner", "'generic', 'specialised' or 'sm90-tuned'",
+                        "'" + which + "'");
+      },
+      "planner"_a, "num_tokens"_a, "num_heads"_a, "width_main"_a, "width_extra"_a, "num_sms"_a);
+  m.def(
+      "adaptive_one_wave",
+      [](int64_t t, int32_t h, int64_t wm, int64_t we, int32_t sms, int32_t splits) {
+        return adaptive_one_wave(plan_shape(t, h, wm, we, sms), splits);
+      },
+      "num_tokens"_a, "num_heads"_a, "width_main"_a, "width_extra"_a, "num_sms"_a, "splits"_a);
+  m.def("adaptive_active_splits", &adaptive_active_splits, "len_main"_a, "len_extra"_a, "splits"_a,
+        "one_wave"_a);
+  m.def(
+      "may_skip_extra_scrub",
+      [](bool specialised, bool fp8_ds_mla, bool connector, bool has_extra, bool sanitised) {
+        ProvenanceGateInputs g;
+        g.specialised_path = specialised;
+        g.format_is_fp8_ds_mla = fp8_ds_mla;
+        g.kv_connector = connector;
+        g.has_extra_cache = has_extra;
+        g.extra_cache_sanitised = sanitised;
+        return may_skip_extra_scrub(g);
+      },
+      "specialised_path"_a, "format_is_fp8_ds_mla"_a, "kv_connector"_a, "has_extra_cache"_a,
+      "extra_cache_sanitised"_a);
+  m.def(
+      "select_gpu_path",
+      [](int32_t major, int32_t minor, bool have_sm90a, bool aligned, const std::string& req) {
+        ArchGateInputs g;
+        g.cc_major = major;
+        g.cc_minor = minor;
+        g.have_sm90a_kernels = have_sm90a;
+        g.caches_fast_aligned = aligned;
+        g.requested = parse_path(req);
+        return std::string(path_name(select_gpu_path(g)));
+      },
+      "cc_major"_a, "cc_minor"_a, "have_sm90a_kernels"_a, "caches_fast_aligned"_a, "requested"_a);
+
+  nb::class_<DecodeArgs>(m, "DecodeArgs")
+      .def(nb::init<>())
+      .def_rw("q", &DecodeArgs::q)
+      .def_rw("main_cache", &DecodeArgs::main_cache)
+      .def_rw("main_indices", &DecodeArgs::main_indices)
+      .def_rw("main_indptr", &DecodeArgs::main_indptr)
+      .def_rw("extra_cache", &DecodeArgs::extra_cache)
+      .def_rw("extra_indices", &DecodeArgs::extra_indices)
+      .def_rw("extra_indptr", &DecodeArgs::extra_indptr)
+      .def_rw("sink", &DecodeArgs::sink)
+      .def_rw("positions", &DecodeArgs::positions)
+      .def_rw("rope", &DecodeArgs::rope)
+      .def_rw("main_block_size", &DecodeArgs::main_block_size)
+      .def_rw("main_width", &DecodeArgs::main_width)
+      .def_rw("extra_block_size", &DecodeArgs::extra_block_size)
+      .def_rw("extra_width", &DecodeArgs::extra_width)
+      .def_rw("scale", &DecodeArgs::scale)
+      .def_rw("num_splits", &DecodeArgs::num_splits)
+      .def_rw("num_sms", &DecodeArgs::num_sms)
+      .def_rw("adaptive_splits", &DecodeArgs::adaptive_splits)
+      .def_rw("extra_cache_sanitised", &DecodeArgs::extra_cache_sanitised)
+      .def_rw("kv_connector", &DecodeArgs::kv_connector)
+      .def_rw("path", &DecodeArgs::path)
+      .def_rw("out", &DecodeArgs::out)
+      .def_rw("lse", &DecodeArgs::lse)
+      .def_rw("stream", &DecodeArgs::stream);
+  m.def("sparse_decode", &py_sparse_decode, "args"_a, "workspace"_a.none(), "alloc"_a.none());
+  m.def("decode_unsupported", &py_decode_unsupported, "args"_a, "with_out"_a);
+  m.def("decode_num_splits", &py_decode_num_splits, "args"_a);
+  m.def("decode_workspace_size", &decode_workspace_size, "num_tokens"_a, "num_heads"_a,
+        "num_splits"_a);
+  m.def("sparse_decode_reference", &py_sparse_decode_reference, "args"_a, "out"_a, "lse"_a.none());
+  m.def("inverse_rope", &py_inverse_rope, "x"_a, "positions"_a, "rope"_a, "path"_a, "stream"_a = 0);
+  m.def("verify_decode_output", &py_verify, "out"_a, "ref"_a);
+  m.def("build_rope_table", &rope_table_fill, "out"_a, "layer"_a, "theta"_a, "yarn"_a, "factor"_a,
+        "original_len"_a, "beta_fast"_a, "beta_slow"_a);
+}

@@ -1,0 +1,785 @@
+// src/cuda/generic/decode_partial.cuh: the split-K partial kernel of the portable CUDA decode
+// (SPEC 4), sm_80 and newer; included by decode_generic.cu only.
+//
+// One CTA (256 threads, 8 warps) owns one query row t, one split s and HB head blocks of 16 heads
+// (HB = 1, 2 or 4: 16, 32 or 64 heads), so every 32-key tile is gathered and dequantised ONCE for
+// all of its heads (one CTA per 16 heads did it 4x at H = 64). Three barrier-separated phases per
+// tile i:
+//   A. Q.K: warp w computes a 32x32 (HB=4), 16x32 (HB=2) or 16x16 (HB=1) head x key block of
+//      scores over one of 4 128-dim slices (mma.sync m16n8k16, bf16 -> fp32); the per-slice partial
+//      sums go to shared memory (into the K buffer of tile i+1, idle at that point);
+//   B. softmax: 256/(16*HB) threads per head sum the slices, apply the scale and update the head's
+//      running (m, l) online in fp32 with a lazy rescale (m moves only when the tile's maximum
+//      beats it by more than 8 nats, so p <= e^8; acc and l always use the same m, and the combine
+//      is exact for any m); probabilities rounded to bf16 for P.V while l sums the fp32 ones;
+//   C. P.V of tile i (warp w owns output columns [64w, +64) of all the CTA's heads: HB x 8 x 4 fp32
+//      accumulators per thread, 128 registers at HB = 4; V read transposed from the K buffer) in
+//      one basic block with the dequantisation of tile i+1 (ALU work beside the tensor work): each
+//      thread owns 4-5 of the 36 16-byte chunks of one key (8 threads per key), which reached its
+//      registers during tile i; FP8 x UE8M0 -> bf16 (NaN scrubbed) into the K buffer of tile i+1.
+//      Then the thread issues the global loads of its chunks of tile i+2 (registers again: staging
+//      through shared memory would cost 36 KB of shared-memory traffic per tile) and the slot id
+//      of tile i+3, so no load waits on another inside the loop.
+// With S > 1 the CTA writes the partials m, l [T, S, H] and acc [T, S, H, 512] (a split with
+// l == 0 writes m = -FLT_MAX, l = 0 and no acc); with S == 1 it finishes the rows itself exactly as
+// the combine would. docs/PERF.md has the measurements and what limits this design.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/common/decode_common.cuh"
+#include "sparsemla/format.h"
+#include "sparsemla/plan.h"
+
+namespace sparsemla::cuda_generic::partial {
+
+using cuda::DeviceCache;
+using cuda::DeviceList;
+using cuda::FinishParams;
+using cuda::kNoScore;
+
+inline constexpr int kThreads = 256;
+inline constexpr int kWarps = kThreads / 32;
+inline constexpr int kHeadTile = 16;             // mma M
+inline constexpr int kKeyTile = 32;              // keys per tile (SPEC 4.4 bk)
+inline constexpr int kDim = Fp8DsMla::kHeadDim;  // 512
+inline constexpr int kRowPitch = kDim + 8;       // bf16 per smem row: +16 B, ldmatrix conflict-free
+inline constexpr int kPPitch = kKeyTile + 8;     // bf16 per probability row (80 B)
+inline constexpr int kThreadsPerKey = kThreads / kKeyTile;  // 8 gather threads per key
+inline constexpr int kColsPerWarp = kDim / kWarps;          // 64 P.V output columns per warp
+inline constexpr int kNTiles = kColsPerWarp / 8;            // 8 mma n-tiles per warp
+inline constexpr float kLazyRescale = 8.0f;  // nats the running max may lag the true one
+static_assert(kHeadTile == kPlanHeadBlock && kKeyTile == kPlanKeyBlock);
+static_assert(Fp8DsMla::kDataBytes / 16 == 36 && kThreadsPerKey == 8);
+
+// Work split inside one CTA of HB head blocks. Q.K always cuts the 512 dims into 4 slices of 128
+// (8 warps = 4 slices x 2 groups: two 32-head groups at HB = 4, the two head blocks at HB = 2, two
+// 16-key halves at HB = 1), and every other sum runs in a fixed order, so a row's bits do not
+// depend on HB (which the host picks from the grid size) or on the batch.
+template <int HB>
+struct Cfg {
+  static_assert(HB == 1 || HB == 2 || HB == 4);
+  static constexpr int kHeads = kHeadTile * HB;
+  static constexpr int kDimSplits = 4;                               // partial score sets
+  static constexpr int kQkDims = kDim / kDimSplits;                  // 128 dims per Q.K warp
+  static constexpr int kQkMTiles = HB == 4 ? 2 : 1;                  // 16-head tiles per Q.K warp
+  static constexpr int kQkKeys = HB == 1 ? 16 : kKeyTile;            // keys per Q.K warp
+  static constexpr int kThreadsPerHead = kThreads / kHeads;          // softmax: 16, 8, 4
+  static constexpr int kKeysPerThread = kKeyTile / kThreadsPerHead;  // 2, 4, 8
+  // Shared memory (bytes, every piece a multiple of 16).
+  static constexpr int kQBytes = kHeads * kRowPitch * 2;
+  static constexpr int kKBytes = kKeyTile * kRowPitch * 2;  // one K buffer: 33280
+  static constexpr int kPartialBytes = kDimSplits * kHeads * kKeyTile * 4;
+  static constexpr int kPBytes = kHeads * kPPitch * 2;
+  static constexpr int kFlagBytes = 2 * kKeyTile;   // key valid bytes of tiles i % 2
+  static constexpr int kRowBytes = 4 * kHeads * 4;  // alpha, m, l, coefficient per head
+  static constexpr int kSmemBytes = kQBytes + 2 * kKBytes + kPBytes + kFlagBytes + kRowBytes;
+  // HB = 1 fits two CTAs per SM (<= 128 registers); HB >= 2 needs more than 128 registers.
+  static constexpr int kMinBlocksPerSm = HB == 1 ? 2 : 1;
+  static_assert(kWarps == 2 * kDimSplits &&
+                kQkMTiles * kHeadTile * kQkKeys * 2 == kHeads * kKeyTile);
+  static_assert(kPartialBytes <= kKBytes, "partial scores live in the idle K buffer");
+  static_assert(kThreadsPerHead <= 32 && kKeysPerThread >= 2);
+};
+
+struct PartialParams {
+  int64_t num_tokens;  // T
+  int32_t num_heads;   // H
+  int32_t num_splits;  // S
+  const __nv_bfloat16* q;
+  int64_t q_stride_token;
+  int64_t q_stride_head;
+  int32_t q_vec16;  // q and its strides allow 16-byte loads
+  float scale;
+  DeviceCache main_cache;
+  DeviceCache extra_cache;
+  DeviceList main_list;
+  DeviceList extra_list;  // capacity 0: no extra segment
+  int32_t scrub_extra;    // the main cache is always scrubbed
+  int32_t adaptive;       // SPEC 4.5 active splits
+  int32_t one_wave;       // ONE_WAVE (host)
+  float* ws_m;            // [T, S, H]  (S > 1)
+  float* ws_l;            // [T, S, H]
+  float* ws_acc;          // [T, S, H, 512]
+  FinishParams finish;    // S == 1
+};
+
+// ---- warp-level primitives (sm_80: ldmatrix, mma.sync, cp.async) -------------------------------
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+// d += a (16x16 bf16, row) * b (16x8 bf16, col), fp32 accumulate.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(smem)), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
+inline constexpr float kLog2e = 1.4426950408889634f;
+// 2^x (MUFU.EX2; denormal results flush to 0).
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Programmatic dependent launch (sm_90+): let the combine grid be scheduled while this one runs
+// (it waits for our completion in griddepcontrol.wait). A no-op elsewhere.
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// ---- shared memory ------------------------------------------------------------------------------
+template <int HB>
+struct Smem {
+  __nv_bfloat16* q;   // [kHeads][kRowPitch]
+  unsigned char* kv;  // two K buffers [32][kRowPitch] bf16 (partial scores alias the idle one)
+  __nv_bfloat16* p;   // [kHeads][kPPitch]
+  uint8_t* flags;     // [2][32]: key k of tile i % 2 is valid (1) or not (0)
+  float* alpha;       // [kHeads]
+  float* row_m;       // [kHeads]
+  float* row_l;       // [kHeads]
+  float* row_coef;    // [kHeads]
+
+  __device__ __forceinline__ __nv_bfloat16* k_buf(int32_t i) const {
+    return reinterpret_cast<__nv_bfloat16*>(kv + (i & 1) * Cfg<HB>::kKBytes);
+  }
+  // Partial scores of tile i: in the K buffer of tile i+1, idle between the barrier after tile i's
+  // dequant and the dequant of tile i+1 (which follows tile i's P.V).
+  __device__ __forceinline__ float* partials(int32_t i) const {
+    return reinterpret_cast<float*>(kv + ((i + 1) & 1) * Cfg<HB>::kKBytes);
+  }
+};
+
+template <int HB>
+__device__ __forceinline__ Smem<HB> carve_smem(unsigned char* raw) {
+  using C = Cfg<HB>;
+  Smem<HB> s;
+  s.q = reinterpret_cast<__nv_bfloat16*>(raw);
+  s.kv = raw + C::kQBytes;
+  s.p = reinterpret_cast<__nv_bfloat16*>(s.kv + 2 * C::kKBytes);
+  s.flags = raw + C::kQBytes + 2 * C::kKBytes + C::kPBytes;
+  s.alpha = reinterpret_cast<float*>(s.flags + C::kFlagBytes);
+  s.row_m = s.alpha + C::kHeads;
+  s.row_l = s.row_m + C::kHeads;
+  s.row_coef = s.row_l + C::kHeads;
+  return s;
+}
+
+// Partial score (row, key) in a [rows][32] fp32 set: 16-byte chunk index XOR 2*(row % 4), so the
+// Q.K float2 stores (rows g = 0..3 of a half warp) and the softmax float4 loads hit distinct banks.
+__device__ __forceinline__ int score_index(int row, int key) {
+  return row * kKeyTile + ((((key >> 2) ^ (2 * (row & 3))) << 2) | (key & 3));
+}
+
+// ---- the split's tiles --------------------------------------------------------------------------
+struct SplitWork {
+  int64_t main_begin;   // offsets into main indices
+  int64_t extra_begin;  // offsets into extra indices
+  int32_t main_keys;
+  int32_t extra_keys;
+  int32_t main_tiles;
+  int32_t tiles;
+};
+
+struct Tile {
+  bool extra;
+  int64_t begin;  // offset into the segment's indices
+  int32_t keys;   // 1..32
+};
+__device__ __forceinline__ Tile tile_of(const SplitWork& w, int32_t i) {
+  if (i < w.main_tiles) {
+    const int32_t k0 = i * kKeyTile;
+    return {false, w.main_begin + k0, min(kKeyTile, w.main_keys - k0)};
+  }
+  const int32_t k0 = (i - w.main_tiles) * kKeyTile;
+  return {true, w.extra_begin + k0, min(kKeyTile, w.extra_keys - k0)};
+}
+
+__device__ __forceinline__ SplitWork split_work(const PartialParams& p, int64_t t, int32_t s,
+                                                int32_t* work) {
+  const cuda::RowRange mr = cuda::load_row_range(p.main_list, t);
+  const cuda::RowRange xr = cuda::load_row_range(p.extra_list, t);
+  *work = p.adaptive ? cuda::adaptive_work(mr.len, xr.len, p.num_splits, p.one_wave) : p.num_splits;
+  SplitWork w{};
+  if (s >= *work) return w;
+  int32_t b, e;
+  cuda::split_bounds(mr.len, *work, s, &b, &e);
+  w.main_begin = mr.begin + b;
+  w.main_keys = e - b;
+  cuda::split_bounds(xr.len, *work, s, &b, &e);
+  w.extra_begin = xr.begin + b;
+  w.extra_keys = e - b;
+  w.main_tiles = (w.main_keys + kKeyTile - 1) / kKeyTile;
+  w.tiles = w.main_tiles + (w.extra_keys + kKeyTile - 1) / kKeyTile;
+  return w;
+}
+
+// Slot id of key `key` of tile i (untrusted; -1 past the tile's end).
+__device__ __forceinline__ int32_t tile_slot(const PartialParams& p, const SplitWork& w, int32_t i,
+                                             int key) {
+  const Tile tile = tile_of(w, i);
+  const DeviceList& list = tile.extra ? p.extra_list : p.main_list;
+  return key < tile.keys ? __ldg(list.indices + tile.begin + key) : -1;
+}
+
+// ---- gather (registers) and dequantisation ------------------------------------------------------
+// Thread (key k = tid / 8, r = tid % 8) owns chunks r, r+8, r+16, r+24 and, for r < 4, r+32 of
+// its key's 36 16-byte chunks (0..27 NoPE, 28..35 RoPE): 128 contiguous bytes per 8 threads. So
+// c[0..2] are NoPE, c[3] is NoPE for r < 4 and RoPE chunk r-4 otherwise, c[4] is RoPE chunk r+4
+// (r < 4; zero otherwise).
+struct RowChunks {
+  uint4 c[5];
+  uint2 scale;  // 7 UE8M0 codes + pad; zero for an invalid key (code 0 on zero bytes gives 0)
+};
+
+// Issues the loads of tile i's rows (this thread's chunks; zeros for invalid keys) and publishes
+// its key's valid flag.
+template <int HB>
+__device__ __forceinline__ void issue_tile_loads(const PartialParams& p, const SplitWork& w,
+                                                 int32_t i, int32_t slot, const Smem<HB>& sm,
+                                                 int tid, RowChunks& rc) {
+  const DeviceCache& cache = tile_of(w, i).extra ? p.extra_cache : p.main_cache;
+  const int r = tid % kThreadsPerKey;
+  const cuda::RowOffsets off = cuda::row_offsets32(cache, slot);
+  const bool valid = off.data >= 0;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+#pragma unroll
+  for (int j = 0; j < 5; ++j) rc.c[j] = zero;
+  rc.scale = make_uint2(0, 0);
+  if (valid && cache.aligned16) {
+    const uint4* row = reinterpret_cast<const uint4*>(cache.base + off.data);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) rc.c[j] = __ldg(row + r + 8 * j);
+    if (r < 4) rc.c[4] = __ldg(row + r + 32);
+    rc.scale = __ldg(reinterpret_cast<const uint2*>(cache.base + off.scale));
+  } else if (valid) {  // caches not 16-byte aligned: byte loads (SPEC 2.1)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) rc.c[j] = cuda::load_chunk16(cache, off.data + 16 * (r + 8 * j));
+    if (r < 4) rc.c[4] = cuda::load_chunk16(cache, off.data + 16 * (r + 32));
+    rc.scale = cuda::load_scale8(cache, off.scale);
+  }
+  if (r == 0) sm.flags[(i & 1) * kKeyTile + tid / kThreadsPerKey] = valid ? 1 : 0;
+}
+
+// True when this thread's chunks take the fast conversion: every scale code <= kFastMaxCode, no
+// NaN byte in its NoPE chunks and no NaN in its RoPE chunk(s) (so no scrub is needed either).
+__device__ __forceinline__ bool rows_fast(const RowChunks& rc, int r) {
+  uint32_t nan8 = 0, nan16 = 0;
+#pragma unroll
+  for (int j = 0; j < 3; ++j) {
+    nan8 |= cuda::nan_bytes_acc(rc.c[j].x) | cuda::nan_bytes_acc(rc.c[j].y) |
+            cuda::nan_bytes_acc(rc.c[j].z) | cuda::nan_bytes_acc(rc.c[j].w);
+  }
+  const uint4 c3 = rc.c[3], c4 = rc.c[4];
+  const uint32_t n3 = cuda::nan_bytes_acc(c3.x) | cuda::nan_bytes_acc(c3.y) |
+                      cuda::nan_bytes_acc(c3.z) | cuda::nan_bytes_acc(c3.w);
+  const uint32_t b3 = cuda::nan_bf16_acc(c3.x) | cuda::nan_bf16_acc(c3.y) |
+                      cuda::nan_bf16_acc(c3.z) | cuda::nan_bf16_acc(c3.w);
+  nan8 |= r < 4 ? n3 : 0u;
+  nan16 |= (r < 4 ? 0u : b3) | cuda::nan_bf16_acc(c4.x) | cuda::nan_bf16_acc(c4.y) |
+           cuda::nan_bf16_acc(c4.z) | cuda::nan_bf16_acc(c4.w);
+  return (nan8 & cuda::kNanBytesMask) == 0 && (nan16 & cuda::kNanBf16Mask) == 0 &&
+         !cuda::any_code_above_fast(rc.scale.x) && !cuda::any_code_above_fast(rc.scale.y);
+}
+
+// NoPE chunk c (16 e4m3 bytes, one scale tile) -> 16 bf16 at dims 16c..16c+15 of the key row.
+// Threads r and r+4 of a key store their halves in opposite orders: 8 distinct 16-byte bank
+// groups per quarter warp.
+__device__ __forceinline__ void store_nope_halves(__nv_bfloat16* krow, int c, uint4 lo, uint4 hi,
+                                                  bool swap) {
+  uint4* dst = reinterpret_cast<uint4*>(krow + 16 * c);
+  dst[swap ? 1 : 0] = swap ? hi : lo;
+  dst[swap ? 0 : 1] = swap ? lo : hi;
+}
+__device__ __forceinline__ uint4* rope_dst(__nv_bfloat16* krow, int c) {
+  return reinterpret_cast<uint4*>(krow + Fp8DsMla::kNopeDims + 8 * (c - 28));
+}
+
+// Fast conversion (rows_fast held for every lane of the warp): straight-line code, no branch, so
+// that it interleaves with the P.V matrix products it is placed beside.
+__device__ __forceinline__ void dequant_tile_fast(const RowChunks& rc, int tid,
+                                                  __nv_bfloat16* kbuf) {
+  const int key = tid / kThreadsPerKey, r = tid % kThreadsPerKey;
+  __nv_bfloat16* krow = kbuf + key * kRowPitch;
+  const bool swap = (r & 4) != 0, low = r < 4;
+  uint4 lo, hi;
+#pragma unroll
+  for (int j = 0; j < 3; ++j) {
+    cuda::dequant_nope16_fast(rc.c[j], cuda::scale_code(rc.scale, (r + 8 * j) / 4), &lo, &hi);
+    store_nope_halves(krow, r + 8 * j, lo, hi, swap);
+  }
+  // c[3]: NoPE chunk 24+r (r < 4; scale tile 6) or RoPE chunk r-4 (r >= 4, stored as is).
+  cuda::dequant_nope16_fast(rc.c[3], cuda::scale_code(rc.scale, 6), &lo, &hi);
+  uint4* first = low ? reinterpret_cast<uint4*>(krow + 16 * (r + 24)) : rope_dst(krow, r + 24);
+  *first = low ? lo : rc.c[3];
+  if (low) {
+    reinterpret_cast<uint4*>(krow + 16 * (r + 24))[1] = hi;
+    *rope_dst(krow, r + 32) = rc.c[4];
+  }
+}
+
+// Any rows (NaN bytes, codes above kFastMaxCode, NaN RoPE): the exact fp32 path where needed, the
+// scrub where required. Rare; per-thread branches.
+__device__ __forceinline__ void dequant_tile_any(const RowChunks& rc, bool scrub, int tid,
+                                                 __nv_bfloat16* kbuf) {
+  const int key = tid / kThreadsPerKey, r = tid % kThreadsPerKey;
+  __nv_bfloat16* krow = kbuf + key * kRowPitch;
+  const bool swap = (r & 4) != 0;
+  uint4 lo, hi;
+#pragma unroll
+  for (int j = 0; j < 3; ++j) {
+    const int c = r + 8 * j;
+    cuda::dequant_nope16_any(rc.c[j], cuda::scale_code(rc.scale, c / 4), scrub, &lo, &hi);
+    store_nope_halves(krow, c, lo, hi, swap);
+  }
+  if (r < 4) {
+    cuda::dequant_nope16_any(rc.c[3], cuda::scale_code(rc.scale, 6), scrub, &lo, &hi);
+    store_nope_halves(krow, r + 24, lo, hi, false);
+    *rope_dst(krow, r + 32) = cuda::rope_chunk16(rc.c[4], scrub);
+  } else {
+    *rope_dst(krow, r + 24) = cuda::rope_chunk16(rc.c[3], scrub);
+  }
+}
+
+// Q rows (heads h0..h0+heads-1 of row t) into sm.q; rows >= heads are zero (never written out).
+template <int HB>
+__device__ __forceinline__ void load_q_tile(const PartialParams& p, int64_t t, int32_t h0,
+                                            int32_t heads, const Smem<HB>& sm, int tid) {
+  constexpr int kChunks = kDim / 8;  // 16-byte chunks per head
+#pragma unroll 4
+  for (int j = 0; j < Cfg<HB>::kHeads * kChunks / kThreads; ++j) {
+    const int job = tid + j * kThreads, r = job / kChunks, c = job % kChunks;
+    __nv_bfloat16* dst = sm.q + r * kRowPitch + 8 * c;
+    if (r >= heads) {
+      *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+      continue;
+    }
+    const __nv_bfloat16* src = p.q + t * p.q_stride_token + (h0 + r) * p.q_stride_head + 8 * c;
+    if (p.q_vec16) {
+      cp_async16(dst, src);
+    } else {
+      const uint16_t* s16 = reinterpret_cast<const uint16_t*>(src);
+      uint32_t w[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        w[i] = static_cast<uint32_t>(__ldg(s16 + 2 * i)) |
+               (static_cast<uint32_t>(__ldg(s16 + 2 * i + 1)) << 16);
+      }
+      *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+  }
+}
+
+// ---- Q.K ----------------------------------------------------------------------------------------
+// Warp w = 4 * group + ds: its head / key block (Cfg) over dims [128 ds, +128); the partial sums go
+// to partial set ds. Each score is one mma accumulation chain over its 128 dims, whatever HB.
+template <int HB>
+__device__ __forceinline__ void qk_tile(const Smem<HB>& sm, const __nv_bfloat16* kbuf,
+                                        float* partial, int warp, int lane) {
+  using C = Cfg<HB>;
+  constexpr int kMT = C::kQkMTiles, kKH = C::kQkKeys / 16;  // 16-key halves per ldmatrix.x4
+  const int group = warp / C::kDimSplits, ds = warp % C::kDimSplits;
+  const int row0 = HB == 1 ? 0 : group * kMT * kHeadTile;
+  const int key0 = HB == 1 ? group * C::kQkKeys : 0;
+  const int d0 = ds * C::kQkDims;
+  float acc[kMT][2 * kKH][4];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int nt = 0; nt < 2 * kKH; ++nt) {
+      acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.f;
+    }
+  }
+  const __nv_bfloat16* a_base = sm.q + (row0 + lane % 16) * kRowPitch + d0 + (lane / 16) * 8;
+  const __nv_bfloat16* b_base =
+      kbuf + (key0 + lane % 8 + (lane / 16) * 8) * kRowPitch + d0 + ((lane / 8) % 2) * 8;
+#pragma unroll
+  for (int kk = 0; kk < C::kQkDims / 16; ++kk) {
+    uint32_t a[kMT][4], b[kKH][4];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+      ldmatrix_x4(a[mt], a_base + mt * kHeadTile * kRowPitch + 16 * kk);
+    }
+#pragma unroll
+    for (int kh = 0; kh < kKH; ++kh) ldmatrix_x4(b[kh], b_base + kh * 16 * kRowPitch + 16 * kk);
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int kh = 0; kh < kKH; ++kh) {
+        mma_bf16(acc[mt][2 * kh], a[mt], b[kh][0], b[kh][1]);
+        mma_bf16(acc[mt][2 * kh + 1], a[mt], b[kh][2], b[kh][3]);
+      }
+    }
+  }
+  float* dst = partial + ds * C::kHeads * kKeyTile;
+  const int g = lane / 4, q2 = 2 * (lane % 4);
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int nt = 0; nt < 2 * kKH; ++nt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = row0 + mt * kHeadTile + g + 8 * half;
+        *reinterpret_cast<float2*>(dst + score_index(row, key0 + 8 * nt + q2)) =
+            make_float2(acc[mt][nt][2 * half], acc[mt][nt][2 * half + 1]);
+      }
+    }
+  }
+}
+
+// ---- softmax ------------------------------------------------------------------------------------
+// The raw scores of keys [part*KPT, +KPT) of head h, summed over the partial sets.
+template <int HB>
+__device__ __forceinline__ void gather_scores(const float* partial, int h, int part,
+                                              float (&z)[Cfg<HB>::kKeysPerThread]) {
+  using C = Cfg<HB>;
+  constexpr int kSet = C::kHeads * kKeyTile;
+  if constexpr (C::kKeysPerThread == 8) {
+    // Two chunks; odd heads read them in the other order (distinct banks per quarter warp).
+    const int odd = h & 1;
+    float4 s[2] = {make_float4(0.f, 0.f, 0.f, 0.f), make_float4(0.f, 0.f, 0.f, 0.f)};
+#pragma unroll
+    for (int ds = 0; ds < C::kDimSplits; ++ds) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int key = 4 * (2 * part + (j ^ odd));
+        const float4 v =
+            *reinterpret_cast<const float4*>(partial + ds * kSet + score_index(h, key));
+        s[j].x += v.x;
+        s[j].y += v.y;
+        s[j].z += v.z;
+        s[j].w += v.w;
+      }
+    }
+    const float4 lo = odd ? s[1] : s[0], hi = odd ? s[0] : s[1];
+    z[0] = lo.x, z[1] = lo.y, z[2] = lo.z, z[3] = lo.w;
+    z[4] = hi.x, z[5] = hi.y, z[6] = hi.z, z[7] = hi.w;
+  } else if constexpr (C::kKeysPerThread == 4) {
+    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int ds = 0; ds < C::kDimSplits; ++ds) {
+      const float4 v =
+          *reinterpret_cast<const float4*>(partial + ds * kSet + score_index(h, 4 * part));
+      s.x += v.x;
+      s.y += v.y;
+      s.z += v.z;
+      s.w += v.w;
+    }
+    z[0] = s.x, z[1] = s.y, z[2] = s.z, z[3] = s.w;
+  } else {
+    float2 s = make_float2(0.f, 0.f);
+#pragma unroll
+    for (int ds = 0; ds < C::kDimSplits; ++ds) {
+      const float2 v =
+          *reinterpret_cast<const float2*>(partial + ds * kSet + score_index(h, 2 * part));
+      s.x += v.x;
+      s.y += v.y;
+    }
+    z[0] = s.x, z[1] = s.y;
+  }
+}
+
+// Online softmax of one tile for head h = tid / TPH (TPH threads per head, KPT keys each): updates
+// the head's running (m, l) (identical in its TPH threads), writes bf16 probabilities and alpha.
+template <int HB>
+__device__ __forceinline__ void softmax_tile(const Smem<HB>& sm, const float* partial,
+                                             const uint8_t* flags, float scale, int tid,
+                                             float& m_run, float& l_run) {
+  using C = Cfg<HB>;
+  constexpr int kTph = C::kThreadsPerHead, kKpt = C::kKeysPerThread;
+  const int h = tid / kTph, part = tid % kTph;
+  float z[kKpt];
+  gather_scores<HB>(partial, h, part, z);
+  // The KPT valid bytes of the thread's keys in one load.
+  uint32_t fl[2];
+  if constexpr (kKpt == 8) {
+    const uint2 v = *reinterpret_cast<const uint2*>(flags + part * kKpt);
+    fl[0] = v.x, fl[1] = v.y;
+  } else if constexpr (kKpt == 4) {
+    fl[0] = *reinterpret_cast<const uint32_t*>(flags + part * kKpt), fl[1] = 0;
+  } else {
+    fl[0] = *reinterpret_cast<const uint16_t*>(flags + part * kKpt), fl[1] = 0;
+  }
+  bool valid[kKpt];
+  float tmax = kNoScore;
+#pragma unroll
+  for (int i = 0; i < kKpt; ++i) {
+    valid[i] = ((fl[i / 4] >> (8 * (i % 4))) & 0xFFu) != 0;
+    z[i] = valid[i] ? z[i] * scale : kNoScore;
+    tmax = fmaxf(tmax, z[i]);
+  }
+#pragma unroll
+  for (int o = 1; o < kTph; o *= 2) tmax = fmaxf(tmax, __shfl_xor_sync(0xFFFFFFFFu, tmax, o));
+  // Lazy rescale: keep m unless the tile beats it by > kLazyRescale (first valid tile: m_run is
+  // -FLT_MAX, and -FLT_MAX + 8 == -FLT_MAX, so any valid score moves it; alpha = 0 then).
+  const bool move = tmax > m_run + kLazyRescale;
+  const float m_use = move ? tmax : m_run;
+  const float alpha = move ? exp2_ftz((m_run - tmax) * kLog2e) : 1.0f;
+  // p = 2^((z - m) log2 e): exactly 1 for the key that set m (one-key rows output K exactly).
+  // Results below 2^-126 flush to 0 (below 1e-38 of the tile's largest p >= e^-8).
+  float prob[kKpt];
+#pragma unroll
+  for (int i = 0; i < kKpt; ++i) prob[i] = valid[i] ? exp2_ftz((z[i] - m_use) * kLog2e) : 0.0f;
+  // l: one balanced pairwise tree over the 32 keys in order (in-thread pairs, then the xor
+  // shuffles), the same for every KPT, so l does not depend on HB.
+  float pair[kKpt];
+#pragma unroll
+  for (int i = 0; i < kKpt; ++i) pair[i] = prob[i];
+#pragma unroll
+  for (int n = kKpt / 2; n >= 1; n /= 2) {
+#pragma unroll
+    for (int i = 0; i < n; ++i) pair[i] = pair[2 * i] + pair[2 * i + 1];
+  }
+  float psum = pair[0];
+#pragma unroll
+  for (int o = 1; o < kTph; o *= 2) psum += __shfl_xor_sync(0xFFFFFFFFu, psum, o);
+  l_run = l_run * alpha + psum;
+  m_run = m_use;
+  uint32_t packed[kKpt / 2];
+#pragma unroll
+  for (int i = 0; i < kKpt / 2; ++i) packed[i] = cuda::bf16x2_bits(prob[2 * i], prob[2 * i + 1]);
+  __nv_bfloat16* dst = sm.p + h * kPPitch + part * kKpt;
+  if constexpr (kKpt == 8) {
+    *reinterpret_cast<uint4*>(dst) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+  } else if constexpr (kKpt == 4) {
+    *reinterpret_cast<uint2*>(dst) = make_uint2(packed[0], packed[1]);
+  } else {
+    *reinterpret_cast<uint32_t*>(dst) = packed[0];
+  }
+  if (part == 0) sm.alpha[h] = alpha;
+}
+
+// ---- P.V ----------------------------------------------------------------------------------------
+// acc *= alpha per head row (skipped by the whole warp when every alpha is 1: lazy rescale).
+template <int HB>
+__device__ __forceinline__ void rescale_acc(const Smem<HB>& sm, int lane,
+                                            float (&acc)[HB][kNTiles][4]) {
+  const int g = lane / 4;
+  float alo[HB], ahi[HB];
+  bool rescale = false;
+#pragma unroll
+  for (int mt = 0; mt < HB; ++mt) {
+    alo[mt] = sm.alpha[mt * kHeadTile + g];
+    ahi[mt] = sm.alpha[mt * kHeadTile + g + 8];
+    rescale |= alo[mt] != 1.0f || ahi[mt] != 1.0f;
+  }
+  if (!__any_sync(0xFFFFFFFFu, rescale)) return;
+#pragma unroll
+  for (int mt = 0; mt < HB; ++mt) {
+#pragma unroll
+    for (int j = 0; j < kNTiles; ++j) {
+      acc[mt][j][0] *= alo[mt];
+      acc[mt][j][1] *= alo[mt];
+      acc[mt][j][2] *= ahi[mt];
+      acc[mt][j][3] *= ahi[mt];
+    }
+  }
+}
+
+// Warp w: acc (all heads x columns [64w, +64)) += P (heads x 32) . V (32 x 64).
+template <int HB>
+__device__ __forceinline__ void pv_tile(const Smem<HB>& sm, const __nv_bfloat16* kbuf, int warp,
+                                        int lane, float (&acc)[HB][kNTiles][4]) {
+  const int key_in = lane % 8 + ((lane / 8) % 2) * 8, col_in = (lane / 16) * 8;
+  const __nv_bfloat16* v_base = kbuf + key_in * kRowPitch + kColsPerWarp * warp + col_in;
+#pragma unroll
+  for (int ks = 0; ks < 2; ++ks) {
+    uint32_t a[HB][4];
+#pragma unroll
+    for (int mt = 0; mt < HB; ++mt) {
+      ldmatrix_x4(a[mt], sm.p + (mt * kHeadTile + lane % 16) * kPPitch + 16 * ks + (lane / 16) * 8);
+    }
+#pragma unroll
+    for (int cg = 0; cg < kNTiles / 2; ++cg) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, v_base + 16 * ks * kRowPitch + 16 * cg);
+#pragma unroll
+      for (int mt = 0; mt < HB; ++mt) {
+        mma_bf16(acc[mt][2 * cg], a[mt], b[0], b[1]);
+        mma_bf16(acc[mt][2 * cg + 1], a[mt], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// ---- epilogues ----------------------------------------------------------------------------------
+// S > 1: partial m, l (threads tid < heads) and acc (rows with l > 0) into the workspace.
+template <int HB>
+__device__ __forceinline__ void write_partials(const PartialParams& p, const Smem<HB>& sm,
+                                               int64_t t, int32_t s, int32_t h0, int32_t heads,
+                                               int tid, const float (&acc)[HB][kNTiles][4]) {
+  const int64_t row0 = (t * p.num_splits + s) * p.num_heads + h0;
+  if (tid < heads) {
+    const float l = sm.row_l[tid];
+    p.ws_m[row0 + tid] = l > 0.0f ? sm.row_m[tid] : kNoScore;
+    p.ws_l[row0 + tid] = l > 0.0f ? l : 0.0f;
+  }
+  const int warp = tid / 32, lane = tid % 32, g = lane / 4;
+#pragma unroll
+  for (int mt = 0; mt < HB; ++mt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = mt * kHeadTile + g + 8 * half;
+      if (row >= heads || !(sm.row_l[row] > 0.0f)) continue;
+      float* dst = p.ws_acc + (row0 + row) * kDim + kColsPerWarp * warp + 2 * (lane % 4);
+#pragma unroll
+      for (int j = 0; j < kNTiles; ++j) {
+        *reinterpret_cast<float2*>(dst + 8 * j) =
+            make_float2(acc[mt][j][2 * half], acc[mt][j][2 * half + 1]);
+      }
+    }
+  }
+}
+
+// S == 1: the combine of one split, done in place (sink, normalisation, inverse RoPE, lse, store).
+template <int HB>
+__device__ __forceinline__ void finish_rows(const PartialParams& p, const Smem<HB>& sm, int64_t t,
+                                            int32_t h0, int32_t heads, int tid,
+                                            const float (&acc)[HB][kNTiles][4]) {
+  const FinishParams& f = p.finish;
+  if (tid < heads) {
+    const float l_raw = sm.row_l[tid];
+    const float m = l_raw > 0.0f ? sm.row_m[tid] : kNoScore, l = l_raw > 0.0f ? l_raw : 0.0f;
+    const float big_m = cuda::finish_max(m, f.sink, h0 + tid);
+    const float w = cuda::split_weight(m, big_m);
+    sm.row_coef[tid] = w * cuda::finish_factor(w * l, big_m, f.sink, h0 + tid);
+    cuda::store_lse(f, t, h0 + tid, cuda::finish_lse(m, l));
+  }
+  __syncthreads();
+  const int warp = tid / 32, lane = tid % 32, g = lane / 4;
+#pragma unroll
+  for (int mt = 0; mt < HB; ++mt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = mt * kHeadTile + g + 8 * half;
+      if (row >= heads) continue;
+      const float coef = sm.row_coef[row];
+#pragma unroll
+      for (int j = 0; j < kNTiles; ++j) {
+        const int col = kColsPerWarp * warp + 8 * j + 2 * (lane % 4);
+        const float a = coef == 0.0f ? 0.0f : acc[mt][j][2 * half] * coef;
+        const float b = coef == 0.0f ? 0.0f : acc[mt][j][2 * half + 1] * coef;
+        cuda::store_out_pair(f, t, h0 + row, col, a, b);
+      }
+    }
+  }
+}
+
+// ---- the kernel body ----------------------------------------------------------------------------
+template <int HB>
+__device__ __forceinline__ void partial_body(const PartialParams& p, unsigned char* smem_raw) {
+  using C = Cfg<HB>;
+  const Smem<HB> sm = carve_smem<HB>(smem_raw);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int64_t t = blockIdx.x;
+  const int32_t s = blockIdx.y, h0 = blockIdx.z * C::kHeads;
+  const int32_t heads = min(C::kHeads, p.num_heads - h0);
+  allow_dependent_launch();
+
+  int32_t work;
+  const SplitWork w = split_work(p, t, s, &work);
+  if (s >= work) {  // inactive under SPEC 4.5: m = -FLT_MAX, l = 0, acc untouched
+    if (tid < heads) {
+      const int64_t row = (t * p.num_splits + s) * p.num_heads + h0 + tid;
+      p.ws_m[row] = kNoScore;
+      p.ws_l[row] = 0.0f;
+    }
+    return;
+  }
+
+  float acc[HB][kNTiles][4];
+#pragma unroll
+  for (int mt = 0; mt < HB; ++mt) {
+#pragma unroll
+    for (int j = 0; j < kNTiles; ++j)
+      acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.f;
+  }
+  float m_run = kNoScore, l_run = 0.0f;  // softmax threads: identical in the TPH threads of a head
+
+  if (w.tiles > 0) {
+    const int key = tid / kThreadsPerKey, r = tid % kThreadsPerKey;
+    auto scrub_of = [&](int32_t i) { return tile_of(w, i).extra ? (p.scrub_extra != 0) : true; };
+    // Dependent global round trips before the first MMA: indptr (above), the slot ids of tiles
+    // 0..2 (together), the rows of tiles 0 and 1 (together); Q travels meanwhile (cp.async).
+    const int32_t slot0 = tile_slot(p, w, 0, key);
+    const int32_t slot1 = w.tiles > 1 ? tile_slot(p, w, 1, key) : -1;
+    int32_t slot_next = w.tiles > 2 ? tile_slot(p, w, 2, key) : -1;
+    load_q_tile<HB>(p, t, h0, heads, sm, tid);
+    RowChunks rc{}, rc0;  // rc: the rows of the next tile (zero until one is loaded)
+    issue_tile_loads<HB>(p, w, 0, slot0, sm, tid, rc0);
+    if (w.tiles > 1) issue_tile_loads<HB>(p, w, 1, slot1, sm, tid, rc);
+    if (__all_sync(0xFFFFFFFFu, rows_fast(rc0, r))) {
+      dequant_tile_fast(rc0, tid, sm.k_buf(0));
+    } else {
+      dequant_tile_any(rc0, scrub_of(0), tid, sm.k_buf(0));
+    }
+    cp_async_wait_all();
+    __syncthreads();  // Q, K(0), valid bits of tiles 0 and 1
+    for (int32_t i = 0; i < w.tiles; ++i) {
+      qk_tile<HB>(sm, sm.k_buf(i), sm.partials(i), warp, lane);
+      __syncthreads();
+      // Tile i+1's rows arrived during tile i; the check overlaps the softmax's loads.
+      const bool fast_next = __all_sync(0xFFFFFFFFu, rows_fast(rc, r));
+      softmax_tile<HB>(sm, sm.partials(i), sm.flags + (i & 1) * kKeyTile, p.scale, tid, m_run,
+                       l_run);
+      __syncthreads();
+      rescale_acc<HB>(sm, lane, acc);
+      if (i + 1 < w.tiles) {
+        // P.V of tile i beside the dequantisation of tile i+1 (tensor and ALU work interleave),
+        // then the loads of tile i+2 (registers) and the slot ids of tile i+3.
+        if (fast_next) {
+          pv_tile<HB>(sm, sm.k_buf(i), warp, lane, acc);
+          dequant_tile_fast(rc, tid, sm.k_buf(i + 1));
+        } else {
+          pv_tile<HB>(sm, sm.k_buf(i), warp, lane, acc);
+          dequant_tile_any(rc, scrub_of(i + 1), tid, sm.k_buf(i + 1));
+        }
+        if (i + 2 < w.tiles) {
+          issue_tile_loads<HB>(p, w, i + 2, slot_next, sm, tid, rc);
+          slot_next = i + 3 < w.tiles ? tile_slot(p, w, i + 3, key) : -1;
+        }
+      } else {
+        pv_tile<HB>(sm, sm.k_buf(i), warp, lane, acc);
+      }
+      __syncthreads();  // K(i+1) and its valid bits ready; K(i), P, alpha free
+    }
+  }
+  if (tid % C::kThreadsPerHead == 0) {
+    const int h = tid / C::kThreadsPerHead;
+    sm.row_m[h] = m_run;
+    sm.row_l[h] = l_run;
+  }
+  __syncthreads();
+  if (p.num_splits > 1) {
+    write_partials<HB>(p, sm, t, s, h0, heads, tid, acc);
+  } else {
+    finish_rows<HB>(p, sm, t, h0, heads, tid, acc);
+  }
+}
+
+}  // namespace sparsemla::cuda_generic::partial
