@@ -55,7 +55,8 @@ std::vector<int32_t> permutation(int64_t n, std::mt19937_64& rng) {
   return v;
 }
 
-// Main lists: each request owns 3 window pages; row i of request b covers 128 consecutive positions.
+// Main lists: each request owns 3 window pages; row i of request b covers 128 consecutive
+// positions.
 void build_window(Problem& pb, std::mt19937_64& rng) {
   const int64_t B = pb.config.batch, mtp = pb.config.mtp;
   const int64_t pages_per_req = (kWindow + mtp + kWindowPage - 1) / kWindowPage + 1;
@@ -72,7 +73,8 @@ void build_window(Problem& pb, std::mt19937_64& rng) {
       for (int32_t j = 0; j < kWindow; ++j) {
         const int64_t q = start + i + j;
         pb.main_list.indices[t * kWindow + j] =
-            phys[b * pages_per_req + q / kWindowPage] * kWindowPage + static_cast<int32_t>(q % kWindowPage);
+            phys[b * pages_per_req + q / kWindowPage] * kWindowPage +
+            static_cast<int32_t>(q % kWindowPage);
       }
       pb.main_list.indptr[t + 1] = static_cast<int32_t>((t + 1) * kWindow);
     }
@@ -119,7 +121,8 @@ void build_all_extra(Problem& pb, const BenchShape& s, std::mt19937_64& rng) {
     for (int64_t i = 0; i < pb.config.mtp; ++i) {
       const int64_t t = b * pb.config.mtp + i;
       for (int64_t j = 0; j < len[b]; ++j)
-        pb.extra_list.indices[used + j] = phys[page0 + j / cbs] * static_cast<int32_t>(cbs) + j % cbs;
+        pb.extra_list.indices[used + j] =
+            phys[page0 + j / cbs] * static_cast<int32_t>(cbs) + j % cbs;
       used += len[b];
       pb.extra_list.indptr[t + 1] = static_cast<int32_t>(used);
     }
@@ -130,10 +133,10 @@ void build_all_extra(Problem& pb, const BenchShape& s, std::mt19937_64& rng) {
 }  // namespace
 
 std::vector<BenchShape> standard_bench_shapes() {
-  return {{"c4-flash", 64, 512, 512, false, 1},   {"c4-pro", 128, 1024, 1024, false, 1},
-          {"c128-h64", 64, 2048, 8192, true, 1},  {"c128-h128", 128, 2048, 8192, true, 1},
+  return {{"c4-flash", 64, 512, 512, false, 1},    {"c4-pro", 128, 1024, 1024, false, 1},
+          {"c128-h64", 64, 2048, 8192, true, 1},   {"c128-h128", 128, 2048, 8192, true, 1},
           {"c128-fixed", 64, 2048, 2048, true, 1}, {"tp-h8", 8, 1024, 1024, false, 1},
-          {"tp-h16", 16, 1024, 1024, false, 1},   {"tp-h32", 32, 1024, 1024, false, 1},
+          {"tp-h16", 16, 1024, 1024, false, 1},    {"tp-h32", 32, 1024, 1024, false, 1},
           {"mtp-flash", 64, 512, 512, false, 2}};
 }
 
@@ -151,12 +154,15 @@ Problem build_bench_problem(const BenchShape& shape, int64_t batch, uint64_t see
   Problem pb;
   pb.config.batch = batch;
   pb.config.mtp = shape.mtp;
-  pb.kind = {shape.name, shape.heads, shape.ratio128 ? 128 : 4, static_cast<int32_t>(shape.extra_min)};
+  pb.kind = {shape.name, shape.heads, shape.ratio128 ? 128 : 4,
+             static_cast<int32_t>(shape.extra_min)};
   pb.heads = shape.heads;
   pb.tokens = batch * shape.mtp;
   build_window(pb, rng);
-  if (shape.ratio128) build_all_extra(pb, shape, rng);
-  else build_topk_extra(pb, shape, rng);
+  if (shape.ratio128)
+    build_all_extra(pb, shape, rng);
+  else
+    build_topk_extra(pb, shape, rng);
   pb.q.resize(pb.tokens * pb.heads * 512);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (auto& v : pb.q) v = float_to_bf16(normal(rng));

@@ -16,12 +16,12 @@
 namespace sparsemla::tools {
 
 struct BenchShape {
-  std::string name;     // e.g. "c4-flash"
+  std::string name;  // e.g. "c4-flash"
   int32_t heads;
-  int64_t extra_min;    // extra keys per row (top-k, or min length for ratio-128 rows)
-  int64_t extra_max;    // == extra_min except for ratio-128 shapes with varying lengths
-  bool ratio128;        // extra on 2-entry pages, "all compressed" lists of capacity extra_max
-  int32_t mtp;          // query tokens per request
+  int64_t extra_min;  // extra keys per row (top-k, or min length for ratio-128 rows)
+  int64_t extra_max;  // == extra_min except for ratio-128 shapes with varying lengths
+  bool ratio128;      // extra on 2-entry pages, "all compressed" lists of capacity extra_max
+  int32_t mtp;        // query tokens per request
 };
 
 std::vector<BenchShape> standard_bench_shapes();

@@ -18,7 +18,8 @@ Timing time_decode_cpu(const Problem& pb, const TimingOptions& o) {
   for (int32_t i = 0; i < o.reps; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     sparse_decode(p, ws.data(), ws.size());
-    t.seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    t.seconds.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   std::sort(t.seconds.begin(), t.seconds.end());
   return t;

@@ -1,6 +1,6 @@
 // GPU timing for `sparsemla bench`: one whole decode call (partials + combine) captured in a CUDA
-// graph, replayed `reps` times; before each replay 512 MB are written to another buffer so the 60 MB
-// L2 is cold, and CUDA events bracket the replay alone. Median and spread are reported.
+// graph, replayed `reps` times; before each replay 512 MB are written to another buffer so the 60
+// MB L2 is cold, and CUDA events bracket the replay alone. Median and spread are reported.
 #include <algorithm>
 
 #include "bench_timer.h"
@@ -62,10 +62,13 @@ Timing time_decode_cuda(const Problem& pb, Path path, const TimingOptions& o) {
   for (int32_t i = 0; i < o.warmup; ++i) sparse_decode(p, workspace, ws);
   cudaGraphExec_t exec = o.graph ? capture(p, workspace, ws, stream.s) : nullptr;
   for (int32_t i = 0; i < o.reps; ++i) {
-    cuda_check(cudaMemsetAsync(flush, i & 0xFF, static_cast<size_t>(o.flush_bytes), stream.s), "flush");
+    cuda_check(cudaMemsetAsync(flush, i & 0xFF, static_cast<size_t>(o.flush_bytes), stream.s),
+               "flush");
     cuda_check(cudaEventRecord(ev.start, stream.s), "record");
-    if (exec) cuda_check(cudaGraphLaunch(exec, stream.s), "graph launch");
-    else sparse_decode(p, workspace, ws);
+    if (exec)
+      cuda_check(cudaGraphLaunch(exec, stream.s), "graph launch");
+    else
+      sparse_decode(p, workspace, ws);
     cuda_check(cudaEventRecord(ev.stop, stream.s), "record");
     cuda_check(cudaEventSynchronize(ev.stop), "sync");
     float ms = 0.0f;

@@ -1,7 +1,8 @@
-// sparsemla bench: the standard shapes of SPEC 10 on every requested path, one table, optional JSON.
-// Numbers: median of `reps` timed calls (GPU: CUDA-graph replays with a cold L2), p10..p90 spread,
-// TFLOP/s (2*H*N*1024 per query row), GB/s (584 B per attended key + indices + q/out), and the
-// fraction of the roofline floor max(bytes / 4.3 TB/s, flops / 790 TFLOP/s) measured on the H200.
+// sparsemla bench: the standard shapes of SPEC 10 on every requested path, one table, optional
+// JSON. Numbers: median of `reps` timed calls (GPU: CUDA-graph replays with a cold L2), p10..p90
+// spread, TFLOP/s (2*H*N*1024 per query row), GB/s (584 B per attended key + indices + q/out), and
+// the fraction of the roofline floor max(bytes / 4.3 TB/s, flops / 790 TFLOP/s) measured on the
+// H200.
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -17,7 +18,7 @@ namespace sparsemla::tools {
 namespace {
 
 constexpr double kPeakBytesPerSecond = 4.3e12;  // H200 device copy, measured
-constexpr double kPeakFlops = 790e12;            // H200 dense bf16, measured
+constexpr double kPeakFlops = 790e12;           // H200 dense bf16, measured
 
 struct BenchOptions {
   std::vector<std::string> shapes;
@@ -33,8 +34,10 @@ std::vector<Path> bench_paths(const BenchOptions& o) {
   std::vector<Path> paths;
   for (const auto& s : o.paths) paths.push_back(parse_path(s));
   if (paths.empty()) {
-    if (cuda_device_available()) paths = {Path::CudaGeneric, Path::CudaSm90};
-    else paths = {Path::Cpu};
+    if (cuda_device_available())
+      paths = {Path::CudaGeneric, Path::CudaSm90};
+    else
+      paths = {Path::Cpu};
   }
   return paths;
 }
@@ -72,7 +75,8 @@ int bench_main(const BenchOptions& o) {
       for (Path path : paths) {
         Timing t;
         try {
-          t = path == Path::Cpu ? time_decode_cpu(pb, o.timing) : time_decode_cuda(pb, path, o.timing);
+          t = path == Path::Cpu ? time_decode_cpu(pb, o.timing)
+                                : time_decode_cuda(pb, path, o.timing);
         } catch (const Error& e) {
           std::printf("%-11s %4d %5lld %8s %-12s skipped: %s\n", shape.name.c_str(), shape.heads,
                       static_cast<long long>(batch), "", path_name(path), e.what());
@@ -81,18 +85,27 @@ int bench_main(const BenchOptions& o) {
         const std::string verdict = verify_cell(pb, t, o.verify_max_batch);
         failures += verdict == "FAIL";
         const double med = t.median();
-        std::printf("%-11s %4d %5lld %8.1f %-12s %3d %10.2f %8.2f..%-8.2f %8.2f %8.1f %9.2f %5.1f%% %s\n",
-                    shape.name.c_str(), shape.heads, static_cast<long long>(batch),
-                    static_cast<double>(pb.attended_keys) / pb.tokens, path_name(t.path), t.splits,
-                    med * 1e6, t.quantile(0.1) * 1e6, t.quantile(0.9) * 1e6, flops / med * 1e-12,
-                    bytes / med * 1e-9, floor_s * 1e6, 100.0 * floor_s / med, verdict.c_str());
+        std::printf(
+            "%-11s %4d %5lld %8.1f %-12s %3d %10.2f %8.2f..%-8.2f %8.2f %8.1f %9.2f %5.1f%% %s\n",
+            shape.name.c_str(), shape.heads, static_cast<long long>(batch),
+            static_cast<double>(pb.attended_keys) / pb.tokens, path_name(t.path), t.splits,
+            med * 1e6, t.quantile(0.1) * 1e6, t.quantile(0.9) * 1e6, flops / med * 1e-12,
+            bytes / med * 1e-9, floor_s * 1e6, 100.0 * floor_s / med, verdict.c_str());
         std::fflush(stdout);
-        results.push_back({{"shape", shape.name}, {"heads", shape.heads}, {"batch", batch},
-                           {"mtp", shape.mtp}, {"path", path_name(t.path)}, {"splits", t.splits},
-                           {"median_us", med * 1e6}, {"p10_us", t.quantile(0.1) * 1e6},
-                           {"p90_us", t.quantile(0.9) * 1e6}, {"tflops", flops / med * 1e-12},
-                           {"gbps", bytes / med * 1e-9}, {"floor_us", floor_s * 1e6},
-                           {"floor_fraction", floor_s / med}, {"verify", verdict}});
+        results.push_back({{"shape", shape.name},
+                           {"heads", shape.heads},
+                           {"batch", batch},
+                           {"mtp", shape.mtp},
+                           {"path", path_name(t.path)},
+                           {"splits", t.splits},
+                           {"median_us", med * 1e6},
+                           {"p10_us", t.quantile(0.1) * 1e6},
+                           {"p90_us", t.quantile(0.9) * 1e6},
+                           {"tflops", flops / med * 1e-12},
+                           {"gbps", bytes / med * 1e-9},
+                           {"floor_us", floor_s * 1e6},
+                           {"floor_fraction", floor_s / med},
+                           {"verify", verdict}});
       }
     }
   }
@@ -105,10 +118,12 @@ int bench_main(const BenchOptions& o) {
 void register_bench(CLI::App& app) {
   static BenchOptions o;
   auto* cmd = app.add_subcommand("bench", "Time the decode at the standard shapes (SPEC 10)");
-  cmd->add_option("--shapes", o.shapes, "shape names (default: all standard shapes)")->delimiter(',');
+  cmd->add_option("--shapes", o.shapes, "shape names (default: all standard shapes)")
+      ->delimiter(',');
   cmd->add_option("--batches", o.batches, "batch sizes")->delimiter(',');
-  cmd->add_option("--paths", o.paths, "paths: cpu, cuda-generic, cuda-sm90 (default: GPU paths if a "
-                                      "GPU is present, else cpu)")
+  cmd->add_option("--paths", o.paths,
+                  "paths: cpu, cuda-generic, cuda-sm90 (default: GPU paths if a "
+                  "GPU is present, else cpu)")
       ->delimiter(',');
   cmd->add_option("--reps", o.timing.reps, "timed calls per cell")->check(CLI::Range(1, 100000));
   cmd->add_option("--warmup", o.timing.warmup, "untimed calls first")->check(CLI::Range(0, 100000));

@@ -112,8 +112,8 @@ void fill_window(Problem& pb, const Requests& req, FastRng& rng) {
 
   // Tokens through the window writer: latent ~ N(0,1) * per-channel gain (model-like tiles), RMS
   // about 0.5. Why 0.5: the kernels round probabilities to bf16 (relative error up to 2^-9), so an
-  // output element's error is ~2^-9 * |V| * sqrt(sum p^2); with only 128 window keys and |V| ~ 1 its
-  // 4-sigma tail over 10^5 elements touches the 1e-3 absolute bound of the SPEC 9 contract.
+  // output element's error is ~2^-9 * |V| * sqrt(sum p^2); with only 128 window keys and |V| ~ 1
+  // its 4-sigma tail over 10^5 elements touches the 1e-3 absolute bound of the SPEC 9 contract.
   std::vector<float> gain(512);
   for (auto& g : gain) g = 0.5f * std::exp(0.2f * rng.normal());
   std::vector<bf16_bits> kv;

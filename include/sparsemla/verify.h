@@ -22,7 +22,7 @@ struct VerifyResult {
   int64_t tolerance_failures = 0;  // finite elements outside both bounds
   double max_abs_error = 0.0;      // over finite pairs
   double cosine_diff = 0.0;
-  int64_t first_bad = -1;  // flat index of the first failing element, -1 if none
+  int64_t first_bad = -1;      // flat index of the first failing element, -1 if none
   double first_bad_out = 0.0;  // its output and reference values
   double first_bad_ref = 0.0;
   std::string summary() const;

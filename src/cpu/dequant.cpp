@@ -18,8 +18,10 @@ namespace {
 // The row decoders run on the CPU: a device pointer would be dereferenced on the host.
 void check_host(const char* op, const char* arg, const void* p) {
 #if defined(SPARSEMLA_WITH_CUDA)
-  SPARSEMLA_CHECK_ARG(!cuda::is_device_pointer(p), op, arg, "host memory (the row decoder runs on "
-                      "the CPU)", "device memory");
+  SPARSEMLA_CHECK_ARG(!cuda::is_device_pointer(p), op, arg,
+                      "host memory (the row decoder runs on "
+                      "the CPU)",
+                      "device memory");
 #else
   (void)op, (void)arg, (void)p;
 #endif

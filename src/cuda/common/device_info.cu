@@ -42,14 +42,18 @@ const DeviceFacts& device_facts() {
   std::call_once(once[dev], [dev] {
     DeviceFacts& f = facts[dev];
     check_cuda(cudaDeviceGetAttribute(&f.sms, cudaDevAttrMultiProcessorCount, dev), "SM count");
-    check_cuda(cudaDeviceGetAttribute(&f.major, cudaDevAttrComputeCapabilityMajor, dev), "cc major");
-    check_cuda(cudaDeviceGetAttribute(&f.minor, cudaDevAttrComputeCapabilityMinor, dev), "cc minor");
+    check_cuda(cudaDeviceGetAttribute(&f.major, cudaDevAttrComputeCapabilityMajor, dev),
+               "cc major");
+    check_cuda(cudaDeviceGetAttribute(&f.minor, cudaDevAttrComputeCapabilityMinor, dev),
+               "cc minor");
   });
   return facts[dev];
 }
 }  // namespace
 
-int32_t current_device_sms() { return device_facts().sms; }
+int32_t current_device_sms() {
+  return device_facts().sms;
+}
 
 void current_device_cc(int32_t* major, int32_t* minor) {
   const DeviceFacts& f = device_facts();

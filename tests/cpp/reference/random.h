@@ -21,7 +21,9 @@ class Rng {
  public:
   explicit Rng(uint64_t seed) : gen_(seed) {}
   double normal() { return std::normal_distribution<double>(0.0, 1.0)(gen_); }
-  double uniform(double lo, double hi) { return std::uniform_real_distribution<double>(lo, hi)(gen_); }
+  double uniform(double lo, double hi) {
+    return std::uniform_real_distribution<double>(lo, hi)(gen_);
+  }
   int64_t randint(int64_t lo, int64_t hi_inclusive) {
     return std::uniform_int_distribution<int64_t>(lo, hi_inclusive)(gen_);
   }
