@@ -152,11 +152,17 @@ SPARSEMLA_HOST_DEVICE uint8_t quant_code(int e, int code_max) {
   return static_cast<uint8_t>(c < 0 ? 0 : (c > code_max ? code_max : c));
 }
 
-// max(fmax-reduce |x_i|, 1e-4), NaN ignored.
+// max(fmax-reduce |x_i|, 1e-4), NaN ignored. A comparison rather than fmaxf: fmaxf may return NaN
+// for a *signaling* NaN operand (IEEE maxNum; glibc does), which would restart the reduction after
+// it (found by the window-writer fuzz target: a bf16 0xFFB5 input hid an inf). `a > amax` is false
+// for every NaN, quiet or signaling, on host and device alike.
 SPARSEMLA_HOST_DEVICE float quant_amax(const float* x, int n) {
   float amax = 0.0f;
-  for (int i = 0; i < n; ++i) amax = fmaxf(amax, fabsf(x[i]));
-  return fmaxf(amax, kQuantAmaxFloor);
+  for (int i = 0; i < n; ++i) {
+    const float a = fabsf(x[i]);
+    if (a > amax) amax = a;
+  }
+  return amax > kQuantAmaxFloor ? amax : kQuantAmaxFloor;
 }
 
 // One element: y = clamp(x * 2^-e, -448, 448) (NaN -> -448), then e4m3 RNE.

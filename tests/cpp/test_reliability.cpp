@@ -476,3 +476,30 @@ TEST(NanProvenanceCpu, PoisonedRowsWithTheGateClosedGiveTheScrubbedResult) {
 
 }  // namespace
 }  // namespace sparsemla::test
+
+namespace sparsemla::test {
+namespace {
+
+// Regression (found by fuzz_window_writer): fmaxf returns NaN for a signaling-NaN operand on glibc,
+// so an fmaxf reduction restarted after a bf16 0xFFB5 input and a tile holding -inf got a finite
+// scale code. The amax must ignore every NaN, quiet or signaling.
+TEST(QuantiserRegression, SignalingNanNeverHidesLargerValues) {
+  const float snan = bits_float(0xFFB50000u);  // bf16 0xFFB5 widened: quiet bit clear
+  ASSERT_TRUE(std::isnan(snan));
+  float x[64];
+  uint8_t bytes[64];
+  for (float& v : x) v = 1.0f;
+  x[10] = -std::numeric_limits<float>::infinity();
+  x[20] = snan;
+  EXPECT_EQ(quantize_block(x, 64, bytes), kExpInf);
+  EXPECT_EQ(quant_code(kExpInf, kCodeMaxSanitising), kCodeMaxSanitising);
+  for (float& v : x) v = 1.0f;
+  x[3] = 1000.0f;
+  x[40] = snan;
+  EXPECT_EQ(quant_amax(x, 64), 1000.0f);
+  EXPECT_EQ(quantize_block(x, 64, bytes), quant_exponent(1000.0f));
+  EXPECT_EQ(bytes[40], E4m3::kNegMaxByte);  // NaN element -> -448 (SPEC 2.3)
+}
+
+}  // namespace
+}  // namespace sparsemla::test
