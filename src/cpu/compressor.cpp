@@ -95,42 +95,6 @@ void finish_entry(const CompressorParams& p, int64_t i, float* c) {
                          p.cache.base + mla_scale_offset(slot, bs, p.cache.block_stride));
 }
 
-void compress_single_pass(const CompressorParams& p) {
-  const StateRows rows = state_rows(p);
-  const PoolShape shape = mla_shape(p.ratio);
-  SPARSEMLA_OMP_PARALLEL_FOR
-  for (int64_t i = 0; i < p.num_tokens; ++i) {
-    if (!stores_entry(p, i)) continue;
-    float c[kHead];
-    detail::pool_channels(rows, shape, p.request_index[i], p.positions[i], 0, kHead, c);
-    finish_entry(p, i, c);
-  }
-}
-
-void compress_two_stage(const CompressorParams& p) {
-  const StateRows rows = state_rows(p);
-  const PoolShape shape = mla_shape(p.ratio);
-  constexpr int kTiles = kHead / detail::kPoolTile;
-  // Stage 1: one work item per (token, column tile); rows of tokens that store nothing are
-  // untouched.
-  SPARSEMLA_OMP_PARALLEL_FOR
-  for (int64_t item = 0; item < p.num_tokens * kTiles; ++item) {
-    const int64_t i = item / kTiles;
-    if (!stores_entry(p, i)) continue;
-    const int c0 = static_cast<int>(item % kTiles) * detail::kPoolTile;
-    detail::pool_channels(rows, shape, p.request_index[i], p.positions[i], c0,
-                          c0 + detail::kPoolTile, p.scratch + i * kHead);
-  }
-  // Stage 2: per token, from the scratch row.
-  SPARSEMLA_OMP_PARALLEL_FOR
-  for (int64_t i = 0; i < p.num_tokens; ++i) {
-    if (!stores_entry(p, i)) continue;
-    float c[kHead];
-    std::copy_n(p.scratch + i * kHead, kHead, c);
-    finish_entry(p, i, c);
-  }
-}
-
 }  // namespace
 
 void write_compressor_state(const StateWriterParams& p) {
@@ -156,11 +120,10 @@ void write_compressor_state(const StateWriterParams& p) {
 }
 
 void compress(const CompressorParams& p) {
-  if (p.scratch != nullptr) {
-    compress_two_stage(p);
-  } else {
-    compress_single_pass(p);
-  }
+  detail::pool_and_finish<kHead>(
+      p, state_rows(p), mla_shape(p.ratio), p.scratch,
+      [&](int64_t i) { return stores_entry(p, i); },
+      [&](int64_t i, float* c) { finish_entry(p, i, c); });
 }
 
 }  // namespace sparsemla::cpu

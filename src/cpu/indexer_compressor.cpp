@@ -50,33 +50,9 @@ void finish_entry(const IndexerCompressorParams& p, int64_t i, float* c) {
 }  // namespace
 
 void compress_indexer(const IndexerCompressorParams& p) {
-  const StateRows rows = state_rows(p);
-  if (p.scratch == nullptr) {
-    SPARSEMLA_OMP_PARALLEL_FOR
-    for (int64_t i = 0; i < p.num_tokens; ++i) {
-      if (!stores_entry(p, i)) continue;
-      float c[kHead];
-      detail::pool_channels(rows, kShape, p.request_index[i], p.positions[i], 0, kHead, c);
-      finish_entry(p, i, c);
-    }
-    return;
-  }
-  constexpr int kTiles = kHead / detail::kPoolTile;
-  SPARSEMLA_OMP_PARALLEL_FOR
-  for (int64_t item = 0; item < p.num_tokens * kTiles; ++item) {
-    const int64_t i = item / kTiles;
-    if (!stores_entry(p, i)) continue;
-    const int c0 = static_cast<int>(item % kTiles) * detail::kPoolTile;
-    detail::pool_channels(rows, kShape, p.request_index[i], p.positions[i], c0,
-                          c0 + detail::kPoolTile, p.scratch + i * kHead);
-  }
-  SPARSEMLA_OMP_PARALLEL_FOR
-  for (int64_t i = 0; i < p.num_tokens; ++i) {
-    if (!stores_entry(p, i)) continue;
-    float c[kHead];
-    std::copy_n(p.scratch + i * kHead, kHead, c);
-    finish_entry(p, i, c);
-  }
+  detail::pool_and_finish<kHead>(
+      p, state_rows(p), kShape, p.scratch, [&](int64_t i) { return stores_entry(p, i); },
+      [&](int64_t i, float* c) { finish_entry(p, i, c); });
 }
 
 }  // namespace sparsemla::cpu

@@ -6,6 +6,7 @@
 // order and their rows are byte-identical.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -108,5 +109,42 @@ inline bool stores_entry(int64_t state_slot, int64_t pos, int64_t out_slot, int3
 
 // Channel tile of the two-stage form's stage 1.
 inline constexpr int kPoolTile = 64;
+
+// Pools and finishes every entry completed by the call's tokens, for the KV compressor
+// (head 512) and the indexer compressor (head 128) alike. scratch == nullptr: single pass, one work
+// item per token. Otherwise two stages: (token, 64-column tile) items pool into scratch [N, head],
+// then one item per token finishes from its scratch row. Both run the same pool_channels
+// arithmetic per column, so their rows are byte-identical. `stores(i)` says whether token i
+// completes an entry; `finish(i, c)` normalises, rotates, quantises and stores pooled row c.
+template <int kHead, class Params, class Stores, class Finish>
+void pool_and_finish(const Params& p, const StateRows& rows, const PoolShape& shape, float* scratch,
+                     Stores stores, Finish finish) {
+  if (scratch == nullptr) {
+    SPARSEMLA_OMP_PARALLEL_FOR
+    for (int64_t i = 0; i < p.num_tokens; ++i) {
+      if (!stores(i)) continue;
+      float c[kHead];
+      pool_channels(rows, shape, p.request_index[i], p.positions[i], 0, kHead, c);
+      finish(i, c);
+    }
+    return;
+  }
+  constexpr int kTiles = kHead / kPoolTile;
+  SPARSEMLA_OMP_PARALLEL_FOR
+  for (int64_t item = 0; item < p.num_tokens * kTiles; ++item) {
+    const int64_t i = item / kTiles;
+    if (!stores(i)) continue;  // rows of tokens that store nothing stay untouched
+    const int c0 = static_cast<int>(item % kTiles) * kPoolTile;
+    pool_channels(rows, shape, p.request_index[i], p.positions[i], c0, c0 + kPoolTile,
+                  scratch + i * kHead);
+  }
+  SPARSEMLA_OMP_PARALLEL_FOR
+  for (int64_t i = 0; i < p.num_tokens; ++i) {
+    if (!stores(i)) continue;
+    float c[kHead];
+    std::copy_n(scratch + i * kHead, kHead, c);
+    finish(i, c);
+  }
+}
 
 }  // namespace sparsemla::cpu::detail
