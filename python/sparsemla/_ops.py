@@ -574,7 +574,7 @@ def select_gpu_path(cc_major, cc_minor, have_sm90a_kernels, caches_fast_aligned,
 def _decode_args(q, main_cache, main_block_size, main_indices, main_indptr, main_width, extra_cache,
                  extra_block_size, extra_indices, extra_indptr, extra_width, sink, scale, positions,
                  rope, num_splits, num_sms, adaptive_splits, extra_cache_sanitised, kv_connector,
-                 path, out, lse):
+                 path, out, lse, deterministic=False):
     a = _C.DecodeArgs()
     a.q = _dl("q", q)
     a.main_cache = _dl("main_cache", main_cache)
@@ -593,6 +593,7 @@ def _decode_args(q, main_cache, main_block_size, main_indices, main_indptr, main
     a.num_splits = num_splits
     a.num_sms = num_sms
     a.adaptive_splits = adaptive_splits
+    a.deterministic = deterministic
     a.extra_cache_sanitised = extra_cache_sanitised
     a.kv_connector = kv_connector
     a.path = path
@@ -600,9 +601,11 @@ def _decode_args(q, main_cache, main_block_size, main_indices, main_indptr, main
     return a
 
 
-def _planner_splits(planner, q, main_indices, main_width, extra_indices, extra_width, num_sms):
+def _planner_splits(planner, q, main_indices, main_width, extra_indices, extra_width, num_sms,
+                    deterministic=False):
     """S from a named planner: widths = the lists' dense widths (capacity / T when not given), CU =
-    num_sms, else the GPU's multiprocessors, else the CPU count."""
+    num_sms, else the GPU's multiprocessors, else the CPU count. Deterministic: planned for T = 1
+    (the C++ rule, DecodeParams::deterministic), so S does not depend on the batch."""
     t, h = q.shape[0], q.shape[1]
     if t == 0:
         return 1
@@ -614,7 +617,7 @@ def _planner_splits(planner, q, main_indices, main_width, extra_indices, extra_w
             cu = _torch_mod().cuda.get_device_properties(q.device).multi_processor_count
         else:
             cu = os.cpu_count() or 1
-    return _C.plan(planner, t, h, wm, we, cu)
+    return _C.plan(planner, 1 if deterministic else t, h, wm, we, cu)
 
 
 def _alloc_like(like):
@@ -629,28 +632,28 @@ def _alloc_like(like):
 
 
 def _resolve_splits(num_splits, planner, q, main_indices, main_width, extra_indices, extra_width,
-                    num_sms):
+                    num_sms, deterministic=False):
     if num_splits or planner in ("auto", "generic"):
         return num_splits
     if planner not in ("specialised", "sm90-tuned"):
         raise Error(f"sparsemla::sparse_decode: argument 'planner': expected 'auto', 'generic', "
                     f"'specialised' or 'sm90-tuned', got '{planner}'")
     return _planner_splits(planner, q, main_indices, main_width, extra_indices, extra_width,
-                           num_sms)
+                           num_sms, deterministic)
 
 
 def _r_sparse_decode_out(q, main_cache, main_block_size, main_indices, main_indptr, main_width,
                          extra_cache, extra_block_size, extra_indices, extra_indptr, extra_width,
                          sink, scale, positions, rope, num_splits, planner, num_sms,
                          adaptive_splits, extra_cache_sanitised, kv_connector, path, out, lse,
-                         workspace):
+                         workspace, deterministic=False):
     with _guard(q):
         splits = _resolve_splits(num_splits, planner, q, main_indices, main_width, extra_indices,
-                                 extra_width, num_sms)
+                                 extra_width, num_sms, deterministic)
         a = _decode_args(q, main_cache, main_block_size, main_indices, main_indptr, main_width,
                          extra_cache, extra_block_size, extra_indices, extra_indptr, extra_width,
                          sink, scale, positions, rope, splits, num_sms, adaptive_splits,
-                         extra_cache_sanitised, kv_connector, path, out, lse)
+                         extra_cache_sanitised, kv_connector, path, out, lse, deterministic)
         _C.sparse_decode(a, _dl("workspace", workspace), _alloc_like(q))
 
 
@@ -659,7 +662,7 @@ def sparse_decode(q, main_cache, main_indices, main_indptr, *, main_block_size=N
                   extra_width=0, sink=None, scale=None, positions=None, rope=None, num_splits=0,
                   planner="auto", num_sms=0, adaptive_splits=False, trust_extra_nan_free=False,
                   kv_connector=False, path="auto", out=None, lse=None, workspace=None,
-                  return_lse=False):
+                  return_lse=False, deterministic=False):
     """Sparse MLA decode against FP8 paged caches (SPEC 4): one softmax over the main and extra lists.
 
     q: bf16 ``[T, H, 512]`` (H in 1..128; last dim contiguous, other strides free).
@@ -676,6 +679,9 @@ def sparse_decode(q, main_cache, main_indices, main_indptr, *, main_block_size=N
     num_splits: split-K count S in 1..32, or 0 with ``planner``: ``"auto"``/``"generic"`` (the
     path's planner), ``"specialised"`` (plan_specialised_ref) or ``"sm90-tuned"``; num_sms: CU for
     the planner (0: the device's). adaptive_splits: SPEC 4.5 (specialised path).
+    deterministic: a row's out and lse are bitwise identical across runs and whatever its
+    batchmates: with num_splits 0 S is planned as if T = 1 and the adaptive rule is off (give
+    main_width / extra_width and num_sms for the same bits across batch sizes and machines).
     trust_extra_nan_free: the caller asserts every reachable extra row was written by this
     library's compressor in sanitising mode (``extra_cache_sanitised``; with the specialised path
     and no kv_connector the extra cache's NaN scrub is skipped, SPEC 5).
@@ -695,7 +701,7 @@ def sparse_decode(q, main_cache, main_indices, main_indptr, *, main_block_size=N
             extra_cache, _bs(extra_block_size), extra_indices, extra_indptr, int(extra_width), sink,
             DEFAULT_SCALE if scale is None else float(scale), positions, rope, int(num_splits),
             planner, int(num_sms), bool(adaptive_splits), bool(trust_extra_nan_free),
-            bool(kv_connector), path, out, lse, workspace)
+            bool(kv_connector), path, out, lse, workspace, bool(deterministic))
     if _use_ops(q):
         _TORCH.ops.sparsemla.sparse_decode_out(*args)
     else:
@@ -706,21 +712,21 @@ def sparse_decode(q, main_cache, main_indices, main_indptr, *, main_block_size=N
 def _query_args(q, main_cache, main_indices, main_indptr, main_block_size, main_width, extra_cache,
                 extra_indices, extra_indptr, extra_block_size, extra_width, sink, scale, positions,
                 rope, num_splits, planner, num_sms, adaptive_splits, trust_extra_nan_free,
-                kv_connector, path, out, lse):
+                kv_connector, path, out, lse, deterministic):
     splits = _resolve_splits(int(num_splits), planner, q, main_indices, int(main_width),
-                             extra_indices, int(extra_width), int(num_sms))
+                             extra_indices, int(extra_width), int(num_sms), bool(deterministic))
     return _decode_args(q, main_cache, _bs(main_block_size), main_indices, main_indptr,
                         int(main_width), extra_cache, _bs(extra_block_size), extra_indices,
                         extra_indptr, int(extra_width), sink, scale, positions, rope, splits,
                         int(num_sms), bool(adaptive_splits), bool(trust_extra_nan_free),
-                        bool(kv_connector), path, out, lse)
+                        bool(kv_connector), path, out, lse, bool(deterministic))
 
 
 _QUERY_DEFAULTS = dict(main_block_size=None, main_width=0, extra_cache=None, extra_indices=None,
                        extra_indptr=None, extra_block_size=None, extra_width=0, sink=None,
                        scale=None, positions=None, rope=None, num_splits=0, planner="auto",
                        num_sms=0, adaptive_splits=False, trust_extra_nan_free=False,
-                       kv_connector=False, path="auto", out=None, lse=None)
+                       kv_connector=False, path="auto", out=None, lse=None, deterministic=False)
 
 
 def _query(q, main_cache, main_indices, main_indptr, kwargs):

@@ -178,21 +178,22 @@ def sparse_decode_out(q: Tensor, main_cache: Tensor, main_block_size: int, main_
                       scale: float, positions: Optional[Tensor], rope: Optional[Tensor],
                       num_splits: int, planner: str, num_sms: int, adaptive_splits: bool,
                       extra_cache_sanitised: bool, kv_connector: bool, path: str, out: Tensor,
-                      lse: Optional[Tensor], workspace: Optional[Tensor]) -> None:
+                      lse: Optional[Tensor], workspace: Optional[Tensor],
+                      deterministic: bool = False) -> None:
     """Sparse decode into out (and lse) (sparsemla.sparse_decode). A missing workspace is allocated
     on the current stream when S > 1 (graph-safe: the caching allocator serves captures)."""
     _ops._r_sparse_decode_out(q, main_cache, main_block_size, main_indices, main_indptr, main_width,
                               extra_cache, extra_block_size, extra_indices, extra_indptr,
                               extra_width, sink, scale, positions, rope, num_splits, planner,
                               num_sms, adaptive_splits, extra_cache_sanitised, kv_connector, path,
-                              out, lse, workspace)
+                              out, lse, workspace, deterministic)
 
 
 @sparse_decode_out.register_fake
 def _(q, main_cache, main_block_size, main_indices, main_indptr, main_width, extra_cache,
       extra_block_size, extra_indices, extra_indptr, extra_width, sink, scale, positions, rope,
       num_splits, planner, num_sms, adaptive_splits, extra_cache_sanitised, kv_connector, path, out,
-      lse, workspace):
+      lse, workspace, deterministic=False):
     return None
 
 
@@ -203,8 +204,8 @@ def sparse_decode(q: Tensor, main_cache: Tensor, main_block_size: int, main_indi
                   extra_indptr: Optional[Tensor], extra_width: int, sink: Optional[Tensor],
                   scale: float, positions: Optional[Tensor], rope: Optional[Tensor],
                   num_splits: int, planner: str, num_sms: int, adaptive_splits: bool,
-                  extra_cache_sanitised: bool, kv_connector: bool,
-                  path: str) -> Tuple[Tensor, Tensor]:
+                  extra_cache_sanitised: bool, kv_connector: bool, path: str,
+                  deterministic: bool = False) -> Tuple[Tensor, Tensor]:
     """Functional sparse decode: returns (out bf16 [T, H, 512], lse fp32 [T, H])."""
     out = torch.empty((q.shape[0], q.shape[1], 512), dtype=q.dtype, device=q.device)
     lse = torch.empty((q.shape[0], q.shape[1]), dtype=torch.float32, device=q.device)
@@ -212,14 +213,15 @@ def sparse_decode(q: Tensor, main_cache: Tensor, main_block_size: int, main_indi
                               extra_cache, extra_block_size, extra_indices, extra_indptr,
                               extra_width, sink, scale, positions, rope, num_splits, planner,
                               num_sms, adaptive_splits, extra_cache_sanitised, kv_connector, path,
-                              out, lse, None)
+                              out, lse, None, deterministic)
     return out, lse
 
 
 @sparse_decode.register_fake
 def _(q, main_cache, main_block_size, main_indices, main_indptr, main_width, extra_cache,
       extra_block_size, extra_indices, extra_indptr, extra_width, sink, scale, positions, rope,
-      num_splits, planner, num_sms, adaptive_splits, extra_cache_sanitised, kv_connector, path):
+      num_splits, planner, num_sms, adaptive_splits, extra_cache_sanitised, kv_connector, path,
+      deterministic=False):
     return (q.new_empty((q.shape[0], q.shape[1], 512)),
             q.new_empty((q.shape[0], q.shape[1]), dtype=torch.float32))
 

@@ -748,6 +748,7 @@ struct DecodeArgs {
   float scale = kDefaultSoftmaxScale;
   int32_t num_splits = 0, num_sms = 0;
   bool adaptive_splits = false, extra_cache_sanitised = false, kv_connector = false;
+  bool deterministic = false;  // DecodeParams::deterministic (batch invariance)
   std::string path = "auto";
   Out out, lse;
   uintptr_t stream = 0;
@@ -830,6 +831,7 @@ DecodeParams decode_params(Call& c, const DecodeArgs& a, bool need_out) {
   p.kv_connector = a.kv_connector;
   p.num_splits = a.num_splits;
   p.adaptive_splits = a.adaptive_splits;
+  p.deterministic = a.deterministic;
   p.num_sms = a.num_sms;
   p.path = path_of(a.path);
   p.stream = stream_of(a.stream);
@@ -1112,6 +1114,7 @@ NB_MODULE(_C, m) {
       .def_rw("num_splits", &DecodeArgs::num_splits)
       .def_rw("num_sms", &DecodeArgs::num_sms)
       .def_rw("adaptive_splits", &DecodeArgs::adaptive_splits)
+      .def_rw("deterministic", &DecodeArgs::deterministic)
       .def_rw("extra_cache_sanitised", &DecodeArgs::extra_cache_sanitised)
       .def_rw("kv_connector", &DecodeArgs::kv_connector)
       .def_rw("path", &DecodeArgs::path)

@@ -241,6 +241,62 @@ def test_queries_splits_workspace_support_and_library_reference(rng):
     assert not sparsemla.verify_decode_output(bad_out, want)["passed"]
 
 
+def test_deterministic_row_bits_independent_of_batchmates_num_sms_132(rng):
+    """docs/RELIABILITY.md 4: with deterministic=True a row decoded alone and inside batches of 2, 7
+    and 64 random batchmates (at a random place) gives the same out and lse bits. H 16, widths
+    128 + 512, CU 132: alone S = 16, at T = 64 S = 2, so without the flag the same comparison must
+    differ somewhere (else the test could not tell S apart)."""
+    h, wm, we, cu, pool_size = 16, 128, 512, 132, 80
+    main = (make_cache(rng, 8, 64), 64)
+    extra = (make_cache(rng, 400, 2), 2)
+    q = ref.bf16_round_bits_fast(rng.standard_normal((pool_size, h, 512)).astype(np.float32))
+    mains = make_rows(rng, pool_size, 8 * 64, list(rng.integers(1, wm + 1, pool_size)))
+    extras = make_rows(rng, pool_size, 400 * 2, list(rng.integers(1, we + 1, pool_size)))
+    sink = (rng.standard_normal(h) * 2).astype(np.float32)
+    probes = [r for r in rng.permutation(pool_size) if len(extras[r]) >= 200][:2]
+    assert len(probes) == 2
+
+    def decode(ids, deterministic):
+        mi, mp = ref.ragged([mains[i] for i in ids])
+        ei, ep = ref.ragged([extras[i] for i in ids])
+        kw = dict(main_block_size=main[1], main_width=wm, extra_cache=extra[0], extra_indices=ei,
+                  extra_indptr=ep, extra_block_size=extra[1], extra_width=we, sink=sink,
+                  num_sms=cu, deterministic=deterministic)
+        qb = np.ascontiguousarray(q[ids])
+        s = sparsemla.decode_num_splits(qb, main[0], mi, mp, **kw)
+        out, lse = sparsemla.sparse_decode(qb, main[0], mi, mp, return_lse=True, **kw)
+        return s, out, lse
+
+    # The rule: S is the planner's for T = 1 whatever the batch (also for a named planner).
+    assert decode([probes[0]] * 64, True)[0] == ref.plan_generic(1, h, wm, we, cu) == 16
+    assert decode([probes[0]] * 64, False)[0] == ref.plan_generic(64, h, wm, we, cu) == 2
+    qb, (mi, mp) = q[:64], ref.ragged(mains[:64])
+    for det, t_plan in ((True, 1), (False, 64)):  # S 32 vs 4
+        s = sparsemla.decode_num_splits(qb, main[0], mi, mp, main_block_size=64, main_width=wm,
+                                        planner="specialised", num_sms=cu, deterministic=det)
+        assert s == ref.plan_specialised(t_plan, h, wm, 0, cu)
+
+    compared = differences = nondet_differences = 0
+    for probe in probes:
+        alone = {det: decode([probe], det)[1:] for det in (True, False)}
+        for size in (2, 7, 64):
+            others = [int(r) for r in rng.permutation(pool_size) if r != probe][:size - 1]
+            at = int(rng.integers(0, size))
+            ids = others[:at] + [probe] + others[at:]
+            for det in (True, False):
+                _, out, lse = decode(ids, det)
+                same = (np.array_equal(out[at], alone[det][0][0])
+                        and np.array_equal(lse[at].view(np.uint32),
+                                           alone[det][1][0].view(np.uint32)))
+                if det:
+                    compared += 1
+                    differences += not same
+                else:
+                    nondet_differences += not same
+    assert compared == 6 and differences == 0
+    assert nondet_differences > 0, "deterministic=False gave the same bits: S was not told apart"
+
+
 def test_zero_tokens_returns_empty_output(rng):
     p = Problem(rng, 0, 8, extra=False)
     out, lse = p.run(return_lse=True)
