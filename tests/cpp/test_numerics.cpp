@@ -447,5 +447,29 @@ TEST(Quantiser, InfAndNaNTilesInLegacyAndSanitisingModes) {
   EXPECT_LE(quant_code(ey, kCodeMaxSanitising), 247);
 }
 
+// exp_portable (the pooling exp shared by the CPU and GPU compressors) against exp in double
+// rounded once to float: equal on random arguments over its whole range (a double-rounding
+// disagreement has probability ~2^-29 per sample), and exact at the edges.
+TEST(ExpPortable, MatchesDoubleExpRoundedOnceAndEdgeValues) {
+  const uint64_t seed = test::fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  test::Rng rng(seed);
+  int64_t mismatches = 0;
+  for (int i = 0; i < 200000; ++i) {
+    const float x = static_cast<float>(rng.uniform(-104.0, 89.0));
+    const float want = static_cast<float>(std::exp(static_cast<double>(x)));
+    mismatches += exp_portable(x) != want;
+  }
+  EXPECT_EQ(mismatches, 0);
+  EXPECT_EQ(exp_portable(0.0f), 1.0f);
+  EXPECT_EQ(exp_portable(-0.0f), 1.0f);
+  EXPECT_EQ(exp_portable(-std::numeric_limits<float>::infinity()), 0.0f);
+  EXPECT_EQ(exp_portable(std::numeric_limits<float>::infinity()),
+            std::numeric_limits<float>::infinity());
+  EXPECT_EQ(exp_portable(100.0f), std::numeric_limits<float>::infinity());
+  EXPECT_EQ(exp_portable(-200.0f), 0.0f);
+  EXPECT_TRUE(std::isnan(exp_portable(std::numeric_limits<float>::quiet_NaN())));
+}
+
 }  // namespace
 }  // namespace sparsemla
