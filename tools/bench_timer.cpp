@@ -11,6 +11,7 @@ Timing time_decode_cpu(const Problem& pb, const TimingOptions& o) {
   p.path = Path::Cpu;
   t.out.assign(static_cast<size_t>(pb.tokens) * pb.heads * 512, 0x7FC1);
   p.out = t.out.data();
+  p.num_splits = o.splits;
   t.splits = decode_num_splits(p);
   p.num_splits = t.splits;
   std::vector<uint8_t> ws(decode_workspace_size(pb.tokens, pb.heads, t.splits));

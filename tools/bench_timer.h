@@ -1,4 +1,4 @@
-// tools/bench_timer.h: timing one decode call of a Problem on a path (used by `sparsemla bench`).
+// tools/bench_timer.h: timing one decode call of a Problem on a path (`sparsemla bench` and `run`).
 #pragma once
 
 #include <vector>
@@ -12,6 +12,7 @@ struct TimingOptions {
   int32_t reps = 100;
   int64_t flush_bytes = int64_t{512} << 20;  // written before every timed call: cold L2 (GPU)
   bool graph = true;                         // time CUDA-graph replays of one whole call
+  int32_t splits = 0;                        // S; 0: the path's planner
 };
 
 struct Timing {

@@ -54,6 +54,7 @@ Timing time_decode_cuda(const Problem& pb, Path path, const TimingOptions& o) {
   p.stream = stream.s;
   Timing t;
   t.path = path;
+  p.num_splits = o.splits;
   t.splits = decode_num_splits(p);
   p.num_splits = t.splits;
   const size_t ws = decode_workspace_size(pb.tokens, pb.heads, t.splits);
@@ -62,8 +63,10 @@ Timing time_decode_cuda(const Problem& pb, Path path, const TimingOptions& o) {
   for (int32_t i = 0; i < o.warmup; ++i) sparse_decode(p, workspace, ws);
   cudaGraphExec_t exec = o.graph ? capture(p, workspace, ws, stream.s) : nullptr;
   for (int32_t i = 0; i < o.reps; ++i) {
-    cuda_check(cudaMemsetAsync(flush, i & 0xFF, static_cast<size_t>(o.flush_bytes), stream.s),
-               "flush");
+    if (o.flush_bytes > 0) {
+      cuda_check(cudaMemsetAsync(flush, i & 0xFF, static_cast<size_t>(o.flush_bytes), stream.s),
+                 "flush");
+    }
     cuda_check(cudaEventRecord(ev.start, stream.s), "record");
     if (exec)
       cuda_check(cudaGraphLaunch(exec, stream.s), "graph launch");

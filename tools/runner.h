@@ -24,6 +24,5 @@ DecodeRun run_decode(const Problem& pb, Path path, int32_t splits, int32_t repea
 
 // Implemented in runner_cuda.cpp when CUDA is built; returns false when no device is usable.
 bool cuda_device_available();
-DecodeRun run_decode_cuda(const Problem& pb, Path path, int32_t splits, int32_t repeat);
 
 }  // namespace sparsemla::tools

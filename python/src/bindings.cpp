@@ -362,6 +362,18 @@ Table table(Call& c, const std::string& name, const In& a) {
           a.shape(0) <= 1 ? w : a.stride(0)};
 }
 
+// The block table of a list builder (window, ratio-4 and ratio-128 lists alike), stored into its
+// params: data, row stride, width and request count.
+template <class BuilderParams>
+Table list_table(Call& c, const In& block_table, BuilderParams& p) {
+  const Table t = table(c, "block_table", block_table);
+  p.block_table = t.data;
+  p.block_table_stride = t.stride;
+  p.table_width = t.width;
+  p.num_requests = t.rows;
+  return t;
+}
+
 // A [N, width] row matrix with strided rows; returns the row stride in elements.
 template <class A>
 int64_t rows(Call& c, const std::string& name, const A& a, Kind kind, int64_t n, int64_t width,
@@ -675,11 +687,7 @@ void py_build_window_lists(const In& positions, const In& request_index, const I
   p.positions = ptr<const int64_t>(positions);
   p.request_index =
       c.opt_vec<const int32_t>("request_index", request_index, Kind::I32, r, "positions.shape[0]");
-  const Table t = table(c, "block_table", block_table);
-  p.block_table = t.data;
-  p.block_table_stride = t.stride;
-  p.table_width = t.width;
-  p.num_requests = t.rows;
+  list_table(c, block_table, p);
   p.block_size = static_cast<int32_t>(block_size);
   p.window = window;
   p.common = build_common(c, r, row_valid, path, stream);
@@ -698,11 +706,7 @@ void py_build_topk_lists(const In& topk, const In& topk_length, const In& reques
   const int64_t r = static_cast<int64_t>(topk.shape(0)), w = static_cast<int64_t>(topk.shape(1));
   p.topk_stride = rows(c, "topk", topk, Kind::I32, r, w, "R");
   p.topk = ptr<const int32_t>(topk);
-  const Table t = table(c, "block_table", block_table);
-  p.block_table = t.data;
-  p.block_table_stride = t.stride;
-  p.table_width = t.width;
-  p.num_requests = t.rows;
+  const Table t = list_table(c, block_table, p);
   p.topk_length = c.opt_vec<const int32_t>("topk_length", topk_length, Kind::I32, t.rows,
                                            "block_table.shape[0] (one per request)");
   p.request_index =
@@ -725,11 +729,7 @@ void py_build_compressed_all_lists(const In& positions, const In& request_index,
   p.positions = ptr<const int64_t>(positions);
   p.request_index =
       c.opt_vec<const int32_t>("request_index", request_index, Kind::I32, r, "positions.shape[0]");
-  const Table t = table(c, "block_table", block_table);
-  p.block_table = t.data;
-  p.block_table_stride = t.stride;
-  p.table_width = t.width;
-  p.num_requests = t.rows;
+  list_table(c, block_table, p);
   p.block_size = static_cast<int32_t>(block_size);
   p.ratio = ratio;
   p.max_compressed = max_compressed;
