@@ -12,6 +12,7 @@
 #include "cuda/common/device_info.h"
 #include "cuda/generic/generic_backend.h"
 #include "cuda/generic/ops_backend.h"
+#include "cuda/sm90/sm90_backend.h"
 #endif
 
 namespace sparsemla {
@@ -151,8 +152,11 @@ bool cache_fast_aligned(const CacheView& c) {
 }
 
 // Host pointers (or Path::Cpu) run on the CPU; device pointers go through the architecture gate
-// (SPEC 7). No sm90 decode kernels exist yet, so every device call takes the generic path and
-// forcing cuda-sm90 throws.
+// (SPEC 7): the sm90-specialised kernels on a cc 9.0 device when this build holds their sm_90a
+// cubin and the caches are 16-byte aligned; the generic path otherwise (forcing cuda-sm90 where it
+// cannot run throws). Until the specialised kernel is measured faster than the generic one
+// (docs/PERF.md: version 1 is not), Auto keeps the generic path and cuda-sm90 is an explicit
+// opt-in: the gate is offered the sm90 kernels only when they are requested.
 Path resolve_decode_device_path(const char* op, Path requested, const void* probe,
                                 bool caches_aligned) {
   const bool on_device = cuda::is_device_pointer(probe);
@@ -164,7 +168,7 @@ Path resolve_decode_device_path(const char* op, Path requested, const void* prob
   SPARSEMLA_CHECK_ARG(on_device, op, "path", "device pointers for a CUDA path", "host pointers");
   ArchGateInputs gate;
   cuda::current_device_cc(&gate.cc_major, &gate.cc_minor);
-  gate.have_sm90a_kernels = false;
+  gate.have_sm90a_kernels = requested == Path::CudaSm90 && cuda_sm90::have_sm90a_kernels();
   gate.caches_fast_aligned = caches_aligned;
   gate.requested = requested;
   return select_gpu_path(gate);
@@ -198,7 +202,7 @@ int32_t decode_splits(const DecodeParams& p, Path path) {
 #else
   (void)path;
 #endif
-  return plan_generic(shape);
+  return path == Path::CudaSm90 ? plan_sm90_tuned(shape) : plan_generic(shape);
 }
 
 // Every check made before anything runs: shapes, pointers and strides; on the CPU also the host
@@ -266,7 +270,11 @@ void sparse_decode(const DecodeParams& params, void* workspace, size_t workspace
   if (path != Path::Cpu) {
     SPARSEMLA_CHECK_ARG(splits == 1 || reinterpret_cast<uintptr_t>(workspace) % 8 == 0, kDecodeOp,
                         "workspace", "8-byte alignment on the GPU (fp32 pairs)", workspace);
-    cuda_generic::sparse_decode(p, splits, workspace);
+    if (path == Path::CudaSm90) {
+      cuda_sm90::sparse_decode(p, splits, workspace);
+    } else {
+      cuda_generic::sparse_decode(p, splits, workspace);
+    }
     return;
   }
 #endif

@@ -98,8 +98,10 @@ def test_flashmla_equals_sparse_decode_on_the_same_lists(rng):
                                      extra_cache=c.extra[0], extra_indices=extra[0],
                                      extra_indptr=extra[1], extra_block_size=2, sink=c.sink,
                                      return_lse=True)
-    assert np.array_equal(out.reshape(-1, 16, 512), o2)
-    assert np.array_equal(lse[:, :, 0], l2)
+    # The planner may pick another S for the two calls (the list widths differ), which moves the
+    # last bit; the results agree within the decode tolerance and lse to fp32 rounding.
+    ref.assert_decode_close(out.reshape(-1, 16, 512), ref.bf16_to_f32(o2).astype(np.float64))
+    _lse_close(lse[:, :, 0], l2)
 
 
 def test_flashmla_sink_infinities_and_empty_rows(rng):

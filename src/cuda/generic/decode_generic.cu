@@ -22,6 +22,7 @@
 #include "cuda/common/device_info.h"
 #include "cuda/generic/decode_partial.cuh"
 #include "cuda/generic/generic_backend.h"
+#include "cuda/generic/kernel_args.cuh"
 #include "sparsemla/error.h"
 #include "sparsemla/plan.h"
 
@@ -325,7 +326,7 @@ void launch_partial(int32_t heads_blocks, dim3 grid, cudaStream_t stream, const 
   cuda::check_cuda(cudaGetLastError(), "decode_partial_kernel launch");
 }
 
-void launch_combine(const CombineParams& cp, bool pdl, cudaStream_t stream) {
+void launch_combine_kernel(const CombineParams& cp, bool pdl, cudaStream_t stream) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(cp.num_tokens), static_cast<unsigned>(cp.num_heads));
   cfg.blockDim = dim3(kCombineThreads);
@@ -340,26 +341,47 @@ void launch_combine(const CombineParams& cp, bool pdl, cudaStream_t stream) {
                    "decode_combine_kernel launch");
 }
 
-PartialParams partial_params(const DecodeParams& p, int32_t num_splits, void* workspace) {
+PartialParams partial_params(const DecodeParams& p, int32_t num_splits, const KernelArgs& a) {
   PartialParams k{};
-  const int64_t q_token = p.q_stride_token != 0 ? p.q_stride_token : p.num_heads * 512LL;
   k.num_tokens = p.num_tokens;
   k.num_heads = p.num_heads;
   k.num_splits = num_splits;
   k.q = reinterpret_cast<const __nv_bfloat16*>(p.q);
-  k.q_stride_token = q_token;
+  k.q_stride_token = a.q_stride_token;
   k.q_stride_head = p.q_stride_head;
-  k.q_vec16 = aligned(p.q, 16) && q_token % 8 == 0 && p.q_stride_head % 8 == 0;
+  k.q_vec16 = a.q_vec16;
   k.scale = p.scale;
+  k.main_cache = a.main_cache;
+  k.main_list = a.main_list;
+  k.extra_cache = a.extra_cache;
+  k.extra_list = a.extra_list;
+  k.scrub_extra = a.scrub_extra;
+  k.adaptive = a.adaptive;
+  k.one_wave = a.one_wave;
+  k.ws_m = a.ws_m;
+  k.ws_l = a.ws_l;
+  k.ws_acc = a.ws_acc;
+  k.finish = a.finish;
+  return k;
+}
+
+}  // namespace
+
+KernelArgs kernel_args(const DecodeParams& p, int32_t num_splits, void* workspace,
+                       bool specialised) {
+  KernelArgs k{};
+  k.q_stride_token = p.q_stride_token != 0 ? p.q_stride_token : p.num_heads * 512LL;
+  k.q_vec16 = aligned(p.q, 16) && k.q_stride_token % 8 == 0 && p.q_stride_head % 8 == 0;
   k.main_cache = device_cache(p.main_cache);
   k.main_list = device_list(p.main_list);
   if (p.has_extra) {
     k.extra_cache = device_cache(p.extra_cache);
     k.extra_list = device_list(p.extra_list);
   }
-  // SPEC 5: the generic path never meets the provenance gate, so the extra cache is scrubbed too.
+  // SPEC 5: only the specialised path may skip the extra cache's scrub, and only when the gate
+  // says.
   k.scrub_extra = !may_skip_extra_scrub(
-      {/*specialised_path=*/false, true, p.kv_connector, p.has_extra, p.extra_cache_sanitised});
+      {specialised, true, p.kv_connector, p.has_extra, p.extra_cache_sanitised});
   k.adaptive = p.adaptive_splits ? 1 : 0;
   if (p.adaptive_splits) {
     PlanShape shape{p.num_tokens, p.num_heads, width_of(p.main_list, p.num_tokens),
@@ -377,7 +399,11 @@ PartialParams partial_params(const DecodeParams& p, int32_t num_splits, void* wo
   return k;
 }
 
-}  // namespace
+void launch_combine(const KernelArgs& a, int64_t num_tokens, int32_t num_heads, int32_t num_splits,
+                    cudaStream_t stream) {
+  const CombineParams cp{num_tokens, num_heads, num_splits, a.ws_m, a.ws_l, a.ws_acc, a.finish};
+  launch_combine_kernel(cp, launch_facts().pdl, stream);
+}
 
 void sparse_decode(const DecodeParams& p, int32_t num_splits, void* workspace) {
   constexpr const char* kOp = "sparse_decode";
@@ -393,7 +419,8 @@ void sparse_decode(const DecodeParams& p, int32_t num_splits, void* workspace) {
   }
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   const LaunchFacts& facts = launch_facts();
-  const PartialParams kp = partial_params(p, num_splits, workspace);
+  const KernelArgs args = kernel_args(p, num_splits, workspace, /*specialised=*/false);
+  const PartialParams kp = partial_params(p, num_splits, args);
   const int32_t sms = p.num_sms > 0 ? p.num_sms : cuda::current_device_sms();
   const int32_t per_cta =
       head_blocks_per_cta(p.num_tokens, num_splits, p.num_heads, sms, facts.max_smem);
@@ -402,9 +429,7 @@ void sparse_decode(const DecodeParams& p, int32_t num_splits, void* workspace) {
                   static_cast<unsigned>((hb + per_cta - 1) / per_cta));
   launch_partial(per_cta, grid, stream, kp);
   if (num_splits == 1) return;
-  const CombineParams cp{p.num_tokens, p.num_heads, num_splits, kp.ws_m,
-                         kp.ws_l,      kp.ws_acc,   kp.finish};
-  launch_combine(cp, facts.pdl, stream);
+  launch_combine(args, p.num_tokens, p.num_heads, num_splits, stream);
 }
 
 void inverse_rope_inplace(bf16_bits* x, int64_t num_tokens, int32_t num_heads, int64_t stride_token,

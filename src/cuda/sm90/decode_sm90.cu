@@ -1,0 +1,628 @@
+// src/cuda/sm90/decode_sm90.cu: the Hopper-specialised sparse decode (SPEC 4, 7), sm_90a.
+//
+// One CTA (256 threads = 2 warpgroups, 1 per SM: 255 registers per thread) owns one query row t,
+// one split s and a group of 64 heads (rows past H are zero and never written). Warpgroup c:
+//   - Q.K over dims [256c, +256) with wgmma m64n32k16 (Q and K both from shared memory); the two
+//     partial score sets are summed through shared memory (identical S in both warpgroups);
+//   - the online softmax in registers (lazy rescale, bf16 P, fp32 l);
+//   - P.V for output columns [256c, +256) with wgmma m64n256k16 (P from registers, V = the same K
+//     stage read MN-major): 128 fp32 accumulators per thread, the CTA's 64 x 512 output in
+//     registers.
+// The gather runs beside the asynchronous tensor work of the same warps: the copies of tile i+2
+// (cp.async into a 3-stage ring of raw 584-byte rows, slot ids loaded a tile earlier) are issued
+// while Q.K(i) runs, and tile i+1 is dequantised (FP8 x UE8M0 -> bf16 by bit placement and one
+// bf16x2 multiply; NaN bytes and large codes take the exact path and the scrub) into the other
+// bf16 K stage while P.V(i) runs. Two barriers per 32-key tile.
+// Shared memory (no swizzle: every 16-byte chunk of a core matrix is contiguous, so the
+// dequantiser's 16-byte stores and the raw-row reads are bank-conflict free):
+//   Q       64 heads x 512 dims bf16, core matrix (head group g, dim chunk c) at (8c + g) * 128
+//   K[2]    32 keys x 512 dims bf16, core matrix (key group g, dim chunk c) at (4c + g) * 128
+//   raw[3]  32 keys x 592 B (576 data + 8 scale + valid byte + pad)
+//   S[2][2] partial scores, 64 x 32 fp32 per warpgroup, fragment order
+// Epilogue as the generic path: S > 1 writes the partials m, l, acc (combined by the generic
+// combine kernel, launched with programmatic dependent launch), S == 1 finishes the rows in place.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <array>
+#include <cstdint>
+#include <mutex>
+
+#include "cuda/common/decode_common.cuh"
+#include "cuda/common/device_info.h"
+#include "cuda/generic/kernel_args.cuh"
+#include "cuda/sm90/sm90_backend.h"
+#include "cuda/sm90/wgmma.cuh"
+#include "sparsemla/error.h"
+#include "sparsemla/plan.h"
+
+namespace sparsemla::cuda_sm90 {
+
+namespace {
+
+using cuda::DeviceCache;
+using cuda::DeviceList;
+using cuda::FinishParams;
+using cuda::kNoScore;
+
+constexpr int kHeads = 64;                     // wgmma M: heads per CTA
+constexpr int kKeys = 32;                      // keys per tile (SPEC 4.4 bk)
+constexpr int kDim = Fp8DsMla::kHeadDim;       // 512
+constexpr int kRawChunks = 37;                 // 36 data chunks + 1 scale/flag chunk
+constexpr int kRawRowBytes = kRawChunks * 16;  // 592: rows 148 words apart, conflict-free reads
+// 8 warps: 255 registers per thread (128 fp32 accumulators). A 9th warp would cap every thread at
+// 168 (three warps on one of the 4 register-file quarters) and spill; setmaxnreg does not change
+// ptxas's allocation, so there is no dedicated producer: the gather and dequantisation run beside
+// the asynchronous wgmma of the same warps.
+constexpr int kThreads = 256;
+constexpr int kRawStages = 3;
+
+constexpr int kQBytes = kHeads * kDim * 2;       // 65536
+constexpr int kKBytes = kKeys * kDim * 2;        // 32768
+constexpr int kRawBytes = kKeys * kRawRowBytes;  // 18944
+constexpr int kScoreBytes = kHeads * kKeys * 4;  // 8192 per warpgroup
+constexpr int kFlagBytes = 2 * kKeys;
+constexpr int kSmemBytes =
+    kQBytes + 2 * kKBytes + kRawStages * kRawBytes + 4 * kScoreBytes + kFlagBytes;
+static_assert(kSmemBytes <= 227 * 1024, "fits the 227 KiB opt-in of sm_90");
+
+struct Sm90Params {
+  int64_t num_tokens;
+  int32_t num_heads;
+  int32_t num_splits;
+  const __nv_bfloat16* q;
+  int64_t q_stride_token;
+  int64_t q_stride_head;
+  int32_t q_vec16;
+  float scale;
+  DeviceCache main_cache;
+  DeviceCache extra_cache;
+  DeviceList main_list;
+  DeviceList extra_list;
+  int32_t scrub_extra;
+  int32_t adaptive;
+  int32_t one_wave;
+  float* ws_m;
+  float* ws_l;
+  float* ws_acc;
+  FinishParams finish;
+};
+
+// Device code exists only in the sm_90a cubin (and the host pass); other targets get an empty
+// kernel.
+#if !defined(__CUDA_ARCH__) || defined(SPARSEMLA_SM90A_DEVICE)
+constexpr int kChunks = kDim / 8;  // 16-byte bf16 chunks per row: 64
+constexpr float kLazyRescale = 8.0f;
+constexpr float kLog2e = 1.4426950408889634f;
+
+struct Smem {
+  unsigned char* q;
+  unsigned char* k;    // [2][kKBytes]
+  unsigned char* raw;  // [3][kRawBytes]
+  float* scores;       // [2 tiles][2 warpgroups][64 x 32]
+  uint8_t* flags;      // [2][32]
+  __device__ __forceinline__ unsigned char* k_stage(int32_t i) const {
+    return k + (i & 1) * kKBytes;
+  }
+  __device__ __forceinline__ unsigned char* raw_stage(int32_t i) const {
+    return raw + (i % kRawStages) * kRawBytes;
+  }
+  __device__ __forceinline__ float* score_set(int32_t i, int c) const {
+    return scores + ((i & 1) * 2 + c) * (kHeads * kKeys);
+  }
+};
+
+__device__ __forceinline__ Smem carve(unsigned char* raw) {
+  Smem s;
+  s.q = raw;
+  s.k = raw + kQBytes;
+  s.raw = s.k + 2 * kKBytes;
+  s.scores = reinterpret_cast<float*>(s.raw + kRawStages * kRawBytes);
+  s.flags = reinterpret_cast<uint8_t*>(s.scores + 4 * kHeads * kKeys);
+  return s;
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_async8(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_u32(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Byte offset of the 16-byte chunk (row, chunk c) in a core-matrix operand of `groups` 8-row
+// groups.
+__device__ __forceinline__ int cm_offset(int row, int c, int groups) {
+  return (c * groups + row / 8) * 128 + (row % 8) * 16;
+}
+
+// ---- the split's tiles (as the generic path) ---------------------------------------------------
+struct SplitWork {
+  int64_t main_begin, extra_begin;
+  int32_t main_keys, extra_keys, main_tiles, tiles;
+};
+struct Tile {
+  bool extra;
+  int64_t begin;
+  int32_t keys;
+};
+__device__ __forceinline__ Tile tile_of(const SplitWork& w, int32_t i) {
+  if (i < w.main_tiles) {
+    const int32_t k0 = i * kKeys;
+    return {false, w.main_begin + k0, min(kKeys, w.main_keys - k0)};
+  }
+  const int32_t k0 = (i - w.main_tiles) * kKeys;
+  return {true, w.extra_begin + k0, min(kKeys, w.extra_keys - k0)};
+}
+__device__ __forceinline__ SplitWork split_work(const Sm90Params& p, int64_t t, int32_t s,
+                                                int32_t* work) {
+  const cuda::RowRange mr = cuda::load_row_range(p.main_list, t);
+  const cuda::RowRange xr = cuda::load_row_range(p.extra_list, t);
+  *work = p.adaptive ? cuda::adaptive_work(mr.len, xr.len, p.num_splits, p.one_wave) : p.num_splits;
+  SplitWork w{};
+  if (s >= *work) return w;
+  int32_t b, e;
+  cuda::split_bounds(mr.len, *work, s, &b, &e);
+  w.main_begin = mr.begin + b;
+  w.main_keys = e - b;
+  cuda::split_bounds(xr.len, *work, s, &b, &e);
+  w.extra_begin = xr.begin + b;
+  w.extra_keys = e - b;
+  w.main_tiles = (w.main_keys + kKeys - 1) / kKeys;
+  w.tiles = w.main_tiles + (w.extra_keys + kKeys - 1) / kKeys;
+  return w;
+}
+
+// ---- gather and dequantisation (all 256 threads) ------------------------------------------------
+// Work item j of a tile (j = tid + 256 n, n < 5, j < 1152): key j / 36, data chunk j % 36
+// (coalesced: a warp reads 512 contiguous bytes of a row). Threads tid < 32 also copy key tid's
+// scale word and write its valid byte (raw chunk 36: bytes 0-7 scale, byte 8 valid).
+constexpr int kTileChunks = kKeys * 36;                          // 1152
+constexpr int kItems = (kTileChunks + kThreads - 1) / kThreads;  // 5
+constexpr int kParts = kThreads / kKeys;                         // 8 converters per key
+
+struct TileSlots {
+  int32_t item[kItems];  // slot of each item's key (-1: invalid / past the tile / no item)
+  int32_t own;           // slot of key tid (tid < 32)
+};
+
+__device__ __forceinline__ int32_t slot_of(const Sm90Params& p, const Tile& tile, int key) {
+  const DeviceList& list = tile.extra ? p.extra_list : p.main_list;
+  return key < tile.keys ? __ldg(list.indices + tile.begin + key) : -1;
+}
+
+__device__ __forceinline__ void load_slots(const Sm90Params& p, const SplitWork& w, int32_t i,
+                                           int tid, TileSlots& ts) {
+  if (i >= w.tiles) return;
+  const Tile tile = tile_of(w, i);
+#pragma unroll
+  for (int n = 0; n < kItems; ++n) {
+    const int j = tid + kThreads * n;
+    ts.item[n] = j < kTileChunks ? slot_of(p, tile, j / 36) : -1;
+  }
+  ts.own = tid < kKeys ? slot_of(p, tile, tid) : -1;
+}
+
+// Issues tile i's copies into its raw stage (one cp.async group per tile, possibly empty).
+__device__ __forceinline__ void issue_raw(const Sm90Params& p, const SplitWork& w, int32_t i,
+                                          const TileSlots& ts, const Smem& sm, int tid) {
+  if (i < w.tiles) {
+    const DeviceCache& cache = tile_of(w, i).extra ? p.extra_cache : p.main_cache;
+    unsigned char* raw = sm.raw_stage(i);
+#pragma unroll
+    for (int n = 0; n < kItems; ++n) {
+      const int j = tid + kThreads * n, key = j / 36, chunk = j % 36;
+      if (j >= kTileChunks) break;
+      unsigned char* dst = raw + key * kRawRowBytes + 16 * chunk;
+      const cuda::RowOffsets off = cuda::row_offsets32(cache, ts.item[n]);
+      if (off.data >= 0) {
+        cp_async16(dst, cache.base + off.data + 16 * chunk);
+      } else {
+        *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);  // invalid: zero K, flag 0
+      }
+    }
+    if (tid < kKeys) {
+      unsigned char* dst = raw + tid * kRawRowBytes + 16 * 36;
+      const cuda::RowOffsets off = cuda::row_offsets32(cache, ts.own);
+      if (off.data >= 0) {
+        cp_async8(dst, cache.base + off.scale);
+      } else {
+        *reinterpret_cast<uint2*>(dst) = make_uint2(0, 0);
+      }
+      dst[8] = off.data >= 0 ? 1 : 0;
+    }
+  }
+  cp_async_commit();
+}
+
+// Tile i: raw rows -> bf16 K stage (core-matrix layout). Thread tid: key tid % 32, raw chunks
+// x = 8 n + tid / 32 (x < 36): NoPE chunks (x < 28) give dims [16x, +16), RoPE chunks dims
+// 448 + 8 (x - 28). Then the async-proxy fence (the stage is read by wgmma after the next barrier).
+__device__ __forceinline__ void convert_tile(const Smem& sm, int32_t i, bool scrub, int tid) {
+  const int key = tid % kKeys, part = tid / kKeys;
+  const unsigned char* row = sm.raw_stage(i) + key * kRawRowBytes;
+  unsigned char* kst = sm.k_stage(i);
+  const uint2 scale = *reinterpret_cast<const uint2*>(row + 16 * 36);
+#pragma unroll
+  for (int n = 0; n < (36 + kParts - 1) / kParts; ++n) {
+    const int x = kParts * n + part;
+    if (x >= 36) break;
+    const uint4 v = *reinterpret_cast<const uint4*>(row + 16 * x);
+    if (x < 28) {
+      uint4 lo, hi;
+      cuda::dequant_nope16_any(v, cuda::scale_code(scale, x / 4), scrub, &lo, &hi);
+      *reinterpret_cast<uint4*>(kst + cm_offset(key, 2 * x, 4)) = lo;
+      *reinterpret_cast<uint4*>(kst + cm_offset(key, 2 * x + 1, 4)) = hi;
+    } else {
+      *reinterpret_cast<uint4*>(kst + cm_offset(key, 56 + (x - 28), 4)) =
+          cuda::rope_chunk16(v, scrub);
+    }
+  }
+  if (part == 0) sm.flags[(i & 1) * kKeys + key] = row[16 * 36 + 8];
+  fence_proxy_async();
+}
+
+// ---- tensor work and softmax
+// ---------------------------------------------------------------------------------- Q rows h0..
+// into the core-matrix layout (zero rows past H): one cp.async group.
+__device__ __forceinline__ void load_q(const Sm90Params& p, int64_t t, int32_t h0, int32_t heads,
+                                       const Smem& sm, int ctid) {
+#pragma unroll 4
+  for (int n = 0; n < kHeads * kChunks / kThreads; ++n) {
+    const int j = ctid + kThreads * n, h = j / kChunks, c = j % kChunks;
+    unsigned char* dst = sm.q + cm_offset(h, c, kHeads / 8);
+    if (h >= heads) {
+      *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+      continue;
+    }
+    const __nv_bfloat16* src = p.q + t * p.q_stride_token + (h0 + h) * p.q_stride_head + 8 * c;
+    if (p.q_vec16) {
+      cp_async16(dst, src);
+    } else {
+      const uint16_t* s16 = reinterpret_cast<const uint16_t*>(src);
+      uint32_t v[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        v[e] = static_cast<uint32_t>(__ldg(s16 + 2 * e)) |
+               (static_cast<uint32_t>(__ldg(s16 + 2 * e + 1)) << 16);
+      }
+      *reinterpret_cast<uint4*>(dst) = make_uint4(v[0], v[1], v[2], v[3]);
+    }
+  }
+  cp_async_commit();
+}
+
+// Q.K of warpgroup c over dims [256c, +256): 16 wgmma k-steps of 16 dims, issued (one group).
+__device__ __forceinline__ void qk_issue(const Smem& sm, int32_t i, int c, float (&s)[16]) {
+  const uint32_t q_base = smem_u32(sm.q), k_base = smem_u32(sm.k_stage(i));
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < 16; ++ks) {
+    const int chunk = 32 * c + 2 * ks;
+    const uint64_t a = smem_desc(q_base + chunk * (kHeads / 8) * 128, (kHeads / 8) * 128, 128);
+    const uint64_t b = smem_desc(k_base + chunk * (kKeys / 8) * 128, (kKeys / 8) * 128, 128);
+    wgmma_m64n32k16_ss(s, a, b, ks > 0 ? 1 : 0);
+  }
+  wgmma_commit();
+}
+
+// P.V of warpgroup c: acc (64 x [256c, +256)) += P (64 x 32) . V (32 x 256), issued (one group).
+__device__ __forceinline__ void pv_issue(const Smem& sm, int32_t i, int c,
+                                         const uint32_t (&pa)[2][4], float (&acc)[128]) {
+  const uint32_t k_base = smem_u32(sm.k_stage(i));
+  wgmma_fence();
+#pragma unroll
+  for (int kb = 0; kb < 2; ++kb) {
+    // B: keys [16 kb, +16) (K: key groups 2kb, 2kb+1, LBO 128), dims [256c, +256) (N: 32 chunks,
+    // SBO = 4 key groups x 128).
+    const uint64_t b =
+        smem_desc(k_base + (32 * c * (kKeys / 8) + 2 * kb) * 128, 128, (kKeys / 8) * 128);
+    wgmma_m64n256k16_rs(acc, pa[kb], b);
+  }
+  wgmma_commit();
+}
+
+struct RowState {
+  float m[2];  // rows r0 = 16 warp + lane / 4 and r0 + 8 (identical in a quad)
+  float l[2];
+};
+
+// Online softmax of one tile on the summed scores s (fragment: s[4j + 2h + e] = row r_h, key
+// 8j + 2 (lane % 4) + e); returns the alphas and the bf16 P fragments of the two 16-key blocks.
+__device__ __forceinline__ void softmax_tile(float (&s)[16], const uint8_t* flags, float scale,
+                                             int lane, RowState& st, float (&alpha)[2],
+                                             uint32_t (&pa)[2][4]) {
+  const int t2 = 2 * (lane % 4);
+  bool valid[8];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t f = *reinterpret_cast<const uint16_t*>(flags + 8 * j + t2);
+    valid[2 * j] = (f & 0xFFu) != 0;
+    valid[2 * j + 1] = (f >> 8) != 0;
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float tmax = kNoScore;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& z = s[4 * j + 2 * h + e];
+        z = valid[2 * j + e] ? z * scale : kNoScore;
+        tmax = fmaxf(tmax, z);
+      }
+    }
+    tmax = fmaxf(tmax, __shfl_xor_sync(0xFFFFFFFFu, tmax, 1));
+    tmax = fmaxf(tmax, __shfl_xor_sync(0xFFFFFFFFu, tmax, 2));
+    const bool move = tmax > st.m[h] + kLazyRescale;
+    const float m_use = move ? tmax : st.m[h];
+    alpha[h] = move ? exp2_ftz((st.m[h] - tmax) * kLog2e) : 1.0f;
+    float psum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& z = s[4 * j + 2 * h + e];
+        z = valid[2 * j + e] ? exp2_ftz((z - m_use) * kLog2e) : 0.0f;
+        psum += z;
+      }
+    }
+    psum += __shfl_xor_sync(0xFFFFFFFFu, psum, 1);
+    psum += __shfl_xor_sync(0xFFFFFFFFu, psum, 2);
+    st.l[h] = st.l[h] * alpha[h] + psum;
+    st.m[h] = m_use;
+  }
+  // A fragment of keys [16 kb, +16): (r0, 2t), (r1, 2t), (r0, 2t + 8), (r1, 2t + 8).
+#pragma unroll
+  for (int kb = 0; kb < 2; ++kb) {
+    pa[kb][0] = cuda::bf16x2_bits(s[8 * kb + 0], s[8 * kb + 1]);
+    pa[kb][1] = cuda::bf16x2_bits(s[8 * kb + 2], s[8 * kb + 3]);
+    pa[kb][2] = cuda::bf16x2_bits(s[8 * kb + 4], s[8 * kb + 5]);
+    pa[kb][3] = cuda::bf16x2_bits(s[8 * kb + 6], s[8 * kb + 7]);
+  }
+}
+
+__device__ __forceinline__ void rescale(float (&acc)[128], const float (&alpha)[2]) {
+  if (!__any_sync(0xFFFFFFFFu, alpha[0] != 1.0f || alpha[1] != 1.0f)) return;
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+    acc[4 * j] *= alpha[0];
+    acc[4 * j + 1] *= alpha[0];
+    acc[4 * j + 2] *= alpha[1];
+    acc[4 * j + 3] *= alpha[1];
+  }
+}
+
+// Partial scores of warpgroup c to shared memory, the other's back, summed (the same bits in both:
+// fp32 addition commutes). Stored as [fragment float4 j][128 threads]: conflict-free.
+__device__ __forceinline__ void exchange_scores(const Smem& sm, int32_t i, int c, int wtid,
+                                                float (&s)[16]) {
+  float4* mine = reinterpret_cast<float4*>(sm.score_set(i, c));
+  const float4* other = reinterpret_cast<const float4*>(sm.score_set(i, 1 - c));
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    mine[j * 128 + wtid] = make_float4(s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3]);
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float4 o = other[j * 128 + wtid];
+    s[4 * j] += o.x;
+    s[4 * j + 1] += o.y;
+    s[4 * j + 2] += o.z;
+    s[4 * j + 3] += o.w;
+  }
+}
+
+__device__ __forceinline__ void epilogue(const Sm90Params& p, int64_t t, int32_t s, int32_t h0,
+                                         int32_t heads, int c, int wtid, const RowState& st,
+                                         const float (&acc)[128]) {
+  const int lane = wtid % 32, warp = wtid / 32, t2 = 2 * (lane % 4);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = 16 * warp + lane / 4 + 8 * h;
+    if (row >= heads) continue;
+    const float l = st.l[h] > 0.0f ? st.l[h] : 0.0f;
+    const float m = st.l[h] > 0.0f ? st.m[h] : kNoScore;
+    if (p.num_splits > 1) {
+      const int64_t r = (t * p.num_splits + s) * p.num_heads + h0 + row;
+      if (c == 0 && t2 == 0) {
+        p.ws_m[r] = m;
+        p.ws_l[r] = l;
+      }
+      if (!(l > 0.0f)) continue;
+      float* dst = p.ws_acc + r * kDim + 256 * c + t2;
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        *reinterpret_cast<float2*>(dst + 8 * j) =
+            make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+      }
+    } else {
+      const FinishParams& f = p.finish;
+      const float big_m = cuda::finish_max(m, f.sink, h0 + row);
+      const float wgt = cuda::split_weight(m, big_m);
+      const float coef = wgt * cuda::finish_factor(wgt * l, big_m, f.sink, h0 + row);
+      if (c == 0 && t2 == 0) cuda::store_lse(f, t, h0 + row, cuda::finish_lse(m, l));
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        const float a = coef == 0.0f ? 0.0f : acc[4 * j + 2 * h] * coef;
+        const float b = coef == 0.0f ? 0.0f : acc[4 * j + 2 * h + 1] * coef;
+        cuda::store_out_pair(f, t, h0 + row, 256 * c + 8 * j + t2, a, b);
+      }
+    }
+  }
+}
+
+// The tile loop. Per tile i (K(i) ready in its stage):
+//   Q.K(i) issued | copies of tile i+2 issued, slot ids of tile i+3 loaded | Q.K waited
+//   scores exchanged (barrier; tile i+1's rows visible too) | softmax | P.V(i) issued |
+//   tile i+1 dequantised into the other K stage beside the tensor work | P.V waited | barrier.
+__device__ __forceinline__ void decode_loop(const Sm90Params& p, const SplitWork& w, const Smem& sm,
+                                            int64_t t, int32_t s, int32_t h0, int32_t heads,
+                                            int tid) {
+  const int c = tid / 128, wtid = tid % 128, lane = wtid % 32;
+  auto scrub_of = [&](int32_t i) { return tile_of(w, i).extra ? (p.scrub_extra != 0) : true; };
+  float acc[128];
+#pragma unroll
+  for (int j = 0; j < 128; ++j) acc[j] = 0.0f;
+  RowState st{{kNoScore, kNoScore}, {0.0f, 0.0f}};
+  // Prologue: slot ids of tiles 0..2, rows of tiles 0 and 1, Q; tile 0 dequantised.
+  TileSlots ts;
+  load_slots(p, w, 0, tid, ts);
+  issue_raw(p, w, 0, ts, sm, tid);
+  load_slots(p, w, 1, tid, ts);
+  issue_raw(p, w, 1, ts, sm, tid);
+  load_slots(p, w, 2, tid, ts);
+  load_q(p, t, h0, heads, sm, tid);
+  cp_async_wait<0>();
+  fence_proxy_async();  // Q (cp.async writes) for wgmma
+  __syncthreads();
+  if (w.tiles > 0) convert_tile(sm, 0, scrub_of(0), tid);
+  __syncthreads();
+  for (int32_t i = 0; i < w.tiles; ++i) {
+    float sc[16];
+    qk_issue(sm, i, c, sc);
+    issue_raw(p, w, i + 2, ts, sm, tid);  // into the raw stage of tile i-1 (converted)
+    load_slots(p, w, i + 3, tid, ts);
+    wgmma_wait<0>();
+    cp_async_wait<1>();  // this thread's copies of tile i+1 landed (tile i+2's may not have)
+    exchange_scores(sm, i, c, wtid, sc);
+    float alpha[2];
+    uint32_t pa[2][4];
+    softmax_tile(sc, sm.flags + (i & 1) * kKeys, p.scale, lane, st, alpha, pa);
+    rescale(acc, alpha);
+    pv_issue(sm, i, c, pa, acc);
+    if (i + 1 < w.tiles) convert_tile(sm, i + 1, scrub_of(i + 1), tid);
+    wgmma_wait<0>();
+    __syncthreads();  // K(i+1) ready; K(i) and the raw stage of tile i+1 free
+  }
+  cp_async_wait<0>();
+  epilogue(p, t, s, h0, heads, c, wtid, st, acc);
+}
+
+#endif  // !__CUDA_ARCH__ || SPARSEMLA_SM90A_DEVICE
+
+__global__ void __launch_bounds__(kThreads, 1)
+    decode_sm90_kernel(const __grid_constant__ Sm90Params p) {
+#ifdef SPARSEMLA_SM90A_DEVICE
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const Smem sm = carve(smem_raw);
+  const int tid = threadIdx.x;
+  const int64_t t = blockIdx.x;
+  const int32_t s = blockIdx.y, h0 = blockIdx.z * kHeads;
+  const int32_t heads = min(kHeads, p.num_heads - h0);
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  int32_t work;
+  const SplitWork w = split_work(p, t, s, &work);
+  if (s >= work) {  // inactive (SPEC 4.5): m = -FLT_MAX, l = 0, acc untouched
+    if (tid < heads) {
+      const int64_t r = (t * p.num_splits + s) * p.num_heads + h0 + tid;
+      p.ws_m[r] = kNoScore;
+      p.ws_l[r] = 0.0f;
+    }
+    return;
+  }
+  decode_loop(p, w, sm, t, s, h0, heads, tid);
+#endif
+}
+
+// ---- host ---------------------------------------------------------------------------------------
+bool aligned(const void* ptr, uintptr_t bytes) {
+  return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
+}
+
+constexpr int kMaxDevices = 64;
+
+void opt_in_once() {
+  static std::array<std::once_flag, kMaxDevices> once;
+  int dev = 0;
+  cuda::check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  SPARSEMLA_CHECK_ARG(dev >= 0 && dev < kMaxDevices, "sparse_decode", "device", "< 64", dev);
+  std::call_once(once[dev], [] {
+    cuda::check_cuda(cudaFuncSetAttribute(decode_sm90_kernel,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
+                     "cudaFuncSetAttribute(decode_sm90_kernel)");
+  });
+}
+
+}  // namespace
+
+bool have_sm90a_kernels() {
+#if defined(SPARSEMLA_BUILT_SM90A)
+  static std::array<int, kMaxDevices> state{};  // 0 unknown, 1 yes, 2 no
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return false;
+  if (state[dev] == 0) {
+    cudaFuncAttributes attr{};
+    // The sm_90a cubin is the one the runtime loads on a cc 9.0 device (binaryVersion 90).
+    const bool ok =
+        cudaFuncGetAttributes(&attr, decode_sm90_kernel) == cudaSuccess && attr.binaryVersion == 90;
+    state[dev] = ok ? 1 : 2;
+  }
+  return state[dev] == 1;
+#else
+  return false;
+#endif
+}
+
+int32_t heads_per_cta() {
+  return kHeads;
+}
+
+void sparse_decode(const DecodeParams& p, int32_t num_splits, void* workspace) {
+  constexpr const char* kOp = "sparse_decode";
+  if (p.num_tokens == 0) return;
+  SPARSEMLA_CHECK_ARG(p.num_tokens <= INT32_MAX, kOp, "num_tokens", "<= 2^31-1 on the CUDA path",
+                      p.num_tokens);
+  SPARSEMLA_CHECK_ARG(num_splits >= 1 && num_splits <= 65535, kOp, "num_splits", "in [1, 65535]",
+                      num_splits);
+  if (num_splits > 1) {
+    SPARSEMLA_CHECK_PTR(workspace, kOp, "workspace");
+    SPARSEMLA_CHECK_ARG(aligned(workspace, 8), kOp, "workspace", "an 8-byte aligned pointer",
+                        workspace);
+  }
+  opt_in_once();
+  const cuda_generic::KernelArgs a = cuda_generic::kernel_args(p, num_splits, workspace, true);
+  Sm90Params k{};
+  k.num_tokens = p.num_tokens;
+  k.num_heads = p.num_heads;
+  k.num_splits = num_splits;
+  k.q = reinterpret_cast<const __nv_bfloat16*>(p.q);
+  k.q_stride_token = a.q_stride_token;
+  k.q_stride_head = p.q_stride_head;
+  k.q_vec16 = a.q_vec16;
+  k.scale = p.scale;
+  k.main_cache = a.main_cache;
+  k.extra_cache = a.extra_cache;
+  k.main_list = a.main_list;
+  k.extra_list = a.extra_list;
+  k.scrub_extra = a.scrub_extra;
+  k.adaptive = a.adaptive;
+  k.one_wave = a.one_wave;
+  k.ws_m = a.ws_m;
+  k.ws_l = a.ws_l;
+  k.ws_acc = a.ws_acc;
+  k.finish = a.finish;
+  const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+  const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(num_splits),
+                  static_cast<unsigned>((p.num_heads + kHeads - 1) / kHeads));
+  decode_sm90_kernel<<<grid, kThreads, kSmemBytes, stream>>>(k);
+  cuda::check_cuda(cudaGetLastError(), "decode_sm90_kernel launch");
+  if (num_splits > 1)
+    cuda_generic::launch_combine(a, p.num_tokens, p.num_heads, num_splits, stream);
+}
+
+}  // namespace sparsemla::cuda_sm90
