@@ -8,44 +8,10 @@
 
 namespace sparsemla::tools {
 
-namespace {
-
-struct Events {
-  cudaEvent_t start = nullptr, stop = nullptr;
-  Events() {
-    cuda_check(cudaEventCreate(&start), "event");
-    cuda_check(cudaEventCreate(&stop), "event");
-  }
-  ~Events() {
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
-  }
-};
-
-struct Stream {
-  cudaStream_t s = nullptr;
-  Stream() { cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream"); }
-  ~Stream() { cudaStreamDestroy(s); }
-};
-
-// Captures one decode call into an executable graph.
-cudaGraphExec_t capture(const DecodeParams& p, void* ws, size_t ws_bytes, cudaStream_t s) {
-  cudaGraph_t g;
-  cuda_check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "begin capture");
-  sparse_decode(p, ws, ws_bytes);
-  cuda_check(cudaStreamEndCapture(s, &g), "end capture");
-  cudaGraphExec_t exec;
-  cuda_check(cudaGraphInstantiate(&exec, g, 0), "instantiate");
-  cudaGraphDestroy(g);
-  return exec;
-}
-
-}  // namespace
-
 Timing time_decode_cuda(const Problem& pb, Path path, const TimingOptions& o) {
   DeviceArena arena;
-  Stream stream;
-  Events ev;
+  CudaStream stream;
+  CudaEvents ev;
   DecodeParams p = mirror_problem(pb, arena);
   const size_t out_elems = static_cast<size_t>(pb.tokens) * pb.heads * 512;
   p.out = arena.alloc<bf16_bits>(out_elems);
@@ -61,7 +27,8 @@ Timing time_decode_cuda(const Problem& pb, Path path, const TimingOptions& o) {
   void* workspace = arena.alloc<uint8_t>(ws);
   uint8_t* flush = arena.alloc<uint8_t>(static_cast<size_t>(o.flush_bytes));
   for (int32_t i = 0; i < o.warmup; ++i) sparse_decode(p, workspace, ws);
-  cudaGraphExec_t exec = o.graph ? capture(p, workspace, ws, stream.s) : nullptr;
+  cudaGraphExec_t exec =
+      o.graph ? capture_graph(stream.s, [&] { sparse_decode(p, workspace, ws); }) : nullptr;
   for (int32_t i = 0; i < o.reps; ++i) {
     if (o.flush_bytes > 0) {
       cuda_check(cudaMemsetAsync(flush, i & 0xFF, static_cast<size_t>(o.flush_bytes), stream.s),
@@ -73,10 +40,7 @@ Timing time_decode_cuda(const Problem& pb, Path path, const TimingOptions& o) {
     else
       sparse_decode(p, workspace, ws);
     cuda_check(cudaEventRecord(ev.stop, stream.s), "record");
-    cuda_check(cudaEventSynchronize(ev.stop), "sync");
-    float ms = 0.0f;
-    cuda_check(cudaEventElapsedTime(&ms, ev.start, ev.stop), "elapsed");
-    t.seconds.push_back(ms * 1e-3);
+    t.seconds.push_back(ev.seconds());
   }
   if (exec) cudaGraphExecDestroy(exec);
   std::sort(t.seconds.begin(), t.seconds.end());

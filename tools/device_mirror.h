@@ -1,9 +1,11 @@
-// tools/device_mirror.h: device copies of a host Problem (CUDA builds only).
+// tools/device_mirror.h: device copies of a host Problem and the CUDA helpers the tools share
+// (stream, events, graph capture). CUDA builds only.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -14,6 +16,54 @@ namespace sparsemla::tools {
 inline void cuda_check(cudaError_t e, const char* what) {
   if (e != cudaSuccess)
     throw Error(std::string("CUDA error in ") + what + ": " + cudaGetErrorString(e));
+}
+
+// A non-blocking stream (the library's calls take it as `stream`).
+struct CudaStream {
+  cudaStream_t s = nullptr;
+  CudaStream() { cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream"); }
+  ~CudaStream() { cudaStreamDestroy(s); }
+  CudaStream(const CudaStream&) = delete;
+  CudaStream& operator=(const CudaStream&) = delete;
+};
+
+// A start/stop event pair; seconds() waits for stop.
+struct CudaEvents {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  CudaEvents() {
+    cuda_check(cudaEventCreate(&start), "event");
+    cuda_check(cudaEventCreate(&stop), "event");
+  }
+  ~CudaEvents() {
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+  }
+  CudaEvents(const CudaEvents&) = delete;
+  CudaEvents& operator=(const CudaEvents&) = delete;
+  double seconds() const {
+    cuda_check(cudaEventSynchronize(stop), "sync");
+    float ms = 0.0f;
+    cuda_check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
+    return ms * 1e-3;
+  }
+};
+
+// Captures what `enqueue` launches on `s` into an executable graph (caller destroys it).
+inline cudaGraphExec_t capture_graph(cudaStream_t s, const std::function<void()>& enqueue) {
+  cudaGraph_t g = nullptr;
+  cuda_check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "begin capture");
+  try {
+    enqueue();
+  } catch (...) {
+    cudaStreamEndCapture(s, &g);  // leave the stream usable; the error is the caller's
+    if (g != nullptr) cudaGraphDestroy(g);
+    throw;
+  }
+  cuda_check(cudaStreamEndCapture(s, &g), "end capture");
+  cudaGraphExec_t exec;
+  cuda_check(cudaGraphInstantiate(&exec, g, 0), "instantiate");
+  cudaGraphDestroy(g);
+  return exec;
 }
 
 // Owns device allocations; frees them on scope exit.

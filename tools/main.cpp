@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   sparsemla::tools::register_selfcheck(app);
   sparsemla::tools::register_run(app);
   sparsemla::tools::register_bench(app);
+  sparsemla::tools::register_serve_sim(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
