@@ -154,9 +154,7 @@ bool cache_fast_aligned(const CacheView& c) {
 // Host pointers (or Path::Cpu) run on the CPU; device pointers go through the architecture gate
 // (SPEC 7): the sm90-specialised kernels on a cc 9.0 device when this build holds their sm_90a
 // cubin and the caches are 16-byte aligned; the generic path otherwise (forcing cuda-sm90 where it
-// cannot run throws). Until the specialised kernel is measured faster than the generic one
-// (docs/PERF.md: version 1 is not), Auto keeps the generic path and cuda-sm90 is an explicit
-// opt-in: the gate is offered the sm90 kernels only when they are requested.
+// cannot run throws).
 Path resolve_decode_device_path(const char* op, Path requested, const void* probe,
                                 bool caches_aligned) {
   const bool on_device = cuda::is_device_pointer(probe);
@@ -168,19 +166,33 @@ Path resolve_decode_device_path(const char* op, Path requested, const void* prob
   SPARSEMLA_CHECK_ARG(on_device, op, "path", "device pointers for a CUDA path", "host pointers");
   ArchGateInputs gate;
   cuda::current_device_cc(&gate.cc_major, &gate.cc_minor);
-  gate.have_sm90a_kernels = requested == Path::CudaSm90 && cuda_sm90::have_sm90a_kernels();
+  gate.have_sm90a_kernels = cuda_sm90::have_sm90a_kernels();
   gate.caches_fast_aligned = caches_aligned;
   gate.requested = requested;
   return select_gpu_path(gate);
+}
+
+// Where Auto may take the sm90 path, whether it pays for this call. Measured on the H200
+// (docs/PERF.md, sm90 version 2, same run): sm90 is 1.14-1.8x faster with >= 64 heads once the
+// grid has >= 16 CTAs of 64 heads (C4-Pro B >= 8, C4-Flash / C128 B >= 32), and slower at batch 1
+// (one CTA per 64 heads has too little work to hide its prologue) and with 16 heads (the 64-row
+// wgmma tile computes 4x the heads). Deterministic calls never depend on T, so they stay generic.
+bool auto_prefers_sm90(const DecodeParams& p) {
+  const int64_t head_groups = (p.num_heads + 63) / 64;
+  return !p.deterministic && p.num_heads >= 64 && p.num_tokens * head_groups >= 16;
 }
 #endif
 
 // The path a decode call runs on: the CPU for host pointers, a CUDA path for device pointers.
 Path resolve_decode_path(const char* op, const DecodeParams& p) {
 #if defined(SPARSEMLA_WITH_CUDA)
-  return resolve_decode_device_path(
+  const Path path = resolve_decode_device_path(
       op, p.path, p.out,
       cache_fast_aligned(p.main_cache) && (!p.has_extra || cache_fast_aligned(p.extra_cache)));
+  if (path == Path::CudaSm90 && p.path == Path::Auto && !auto_prefers_sm90(p)) {
+    return Path::CudaGeneric;
+  }
+  return path;
 #else
   const Path path = resolve_path(op, p.path, p.out);
   SPARSEMLA_CHECK_ARG(path == Path::Cpu, op, "path",

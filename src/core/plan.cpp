@@ -119,11 +119,16 @@ int32_t plan_specialised_ref(const PlanShape& shape) {
   return static_cast<int32_t>(splits);
 }
 
+// Tuned on the H200 (docs/PERF.md, sm90 section): the reference with the caller's CU, capped at
+// 16 splits. Measured: at batch 1 the reference's S = 32 spent ~20 of 34 us in the combine, whose
+// S > 16 loop makes one dependent L2 round trip per split; with S <= 16 every split's partials are
+// loaded at once. A 64-head CTA already covers 4 head blocks, so 16 splits still give >= 16 CTAs
+// per query row at batch 1. Stays in [1, 32] (SPEC 4.4).
+constexpr int32_t kSm90TunedMaxSplits = 16;
+
 int32_t plan_sm90_tuned(const PlanShape& shape) {
-  // Placeholder policy: the reference with the caller's CU (132 on the H200). To be re-tuned by
-  // measurement on the specialised kernels (SPEC 4.4); it must stay in [1, 32].
   check_shape("plan_sm90_tuned", shape);
-  return plan_specialised_ref(shape);
+  return std::min(plan_specialised_ref(shape), kSm90TunedMaxSplits);
 }
 
 int32_t adaptive_one_wave(const PlanShape& shape, int32_t splits) {

@@ -45,17 +45,16 @@ using cuda::DeviceList;
 using cuda::FinishParams;
 using cuda::kNoScore;
 
-constexpr int kHeads = 64;                     // wgmma M: heads per CTA
-constexpr int kKeys = 32;                      // keys per tile (SPEC 4.4 bk)
-constexpr int kDim = Fp8DsMla::kHeadDim;       // 512
-constexpr int kRawChunks = 37;                 // 36 data chunks + 1 scale/flag chunk
-constexpr int kRawRowBytes = kRawChunks * 16;  // 592: rows 148 words apart, conflict-free reads
+constexpr int kHeads = 64;                // wgmma M: heads per CTA
+constexpr int kKeys = 32;                 // keys per tile (SPEC 4.4 bk)
+constexpr int kDim = Fp8DsMla::kHeadDim;  // 512
+constexpr int kRawRowBytes = 37 * 16;  // 36 data chunks + pad: rows 148 words apart (conflict-free)
 // 8 warps: 255 registers per thread (128 fp32 accumulators). A 9th warp would cap every thread at
 // 168 (three warps on one of the 4 register-file quarters) and spill; setmaxnreg does not change
 // ptxas's allocation, so there is no dedicated producer: the gather and dequantisation run beside
 // the asynchronous wgmma of the same warps.
 constexpr int kThreads = 256;
-constexpr int kRawStages = 3;
+constexpr int kRawStages = 2;
 
 constexpr int kQBytes = kHeads * kDim * 2;       // 65536
 constexpr int kKBytes = kKeys * kDim * 2;        // 32768
@@ -98,7 +97,7 @@ constexpr float kLog2e = 1.4426950408889634f;
 struct Smem {
   unsigned char* q;
   unsigned char* k;    // [2][kKBytes]
-  unsigned char* raw;  // [3][kRawBytes]
+  unsigned char* raw;  // [2][kRawBytes]
   float* scores;       // [2 tiles][2 warpgroups][64 x 32]
   uint8_t* flags;      // [2][32]
   __device__ __forceinline__ unsigned char* k_stage(int32_t i) const {
@@ -127,9 +126,6 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 }
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src));
-}
-__device__ __forceinline__ void cp_async8(void* dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_u32(dst)), "l"(src));
 }
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -188,97 +184,125 @@ __device__ __forceinline__ SplitWork split_work(const Sm90Params& p, int64_t t, 
 }
 
 // ---- gather and dequantisation (all 256 threads) ------------------------------------------------
-// Work item j of a tile (j = tid + 256 n, n < 5, j < 1152): key j / 36, data chunk j % 36
-// (coalesced: a warp reads 512 contiguous bytes of a row). Threads tid < 32 also copy key tid's
-// scale word and write its valid byte (raw chunk 36: bytes 0-7 scale, byte 8 valid).
-constexpr int kTileChunks = kKeys * 36;                          // 1152
-constexpr int kItems = (kTileChunks + kThreads - 1) / kThreads;  // 5
-constexpr int kParts = kThreads / kKeys;                         // 8 converters per key
+// Thread (key, r) of a tile: key = lane % 8 + 8 (warp % 4), r = lane / 8 + 4 (warp / 4). It copies
+// 16-byte chunks r, r+8, r+16, r+24 and (r < 4) r+32 of its key's 36 (0..27 NoPE, 28..35 RoPE)
+// with cp.async into its raw row, loads the key's scale word into registers, and later
+// dequantises exactly those chunks: no thread reads another's copies, so no barrier orders the
+// gather. The 8 lanes of a quarter warp hold 8 consecutive keys with the same r: their 16-byte
+// raw reads (rows 592 B apart) and K-stage stores (8 rows of one core matrix) are conflict-free.
+struct GatherLane {
+  int key;
+  int r;
+};
+__device__ __forceinline__ GatherLane gather_lane(int tid) {
+  const int lane = tid % 32, warp = tid / 32;
+  // (& 7: r < 8 lets the compiler resolve chunks r, r+8, r+16 as NoPE and r+32 as RoPE.)
+  return {(lane & 7) + 8 * (warp & 3), ((lane >> 3) + 4 * (warp >> 2)) & 7};
+}
 
-struct TileSlots {
-  int32_t item[kItems];  // slot of each item's key (-1: invalid / past the tile / no item)
-  int32_t own;           // slot of key tid (tid < 32)
+// A tile's scale word and validity for this thread's key (registers, loaded with its copies).
+struct RowMeta {
+  uint2 scale;  // 7 UE8M0 codes + pad; zero for an invalid key
+  bool valid;
 };
 
-__device__ __forceinline__ int32_t slot_of(const Sm90Params& p, const Tile& tile, int key) {
+__device__ __forceinline__ int32_t slot_of(const Sm90Params& p, const SplitWork& w, int32_t i,
+                                           int key) {
+  if (i >= w.tiles) return -1;
+  const Tile tile = tile_of(w, i);
   const DeviceList& list = tile.extra ? p.extra_list : p.main_list;
   return key < tile.keys ? __ldg(list.indices + tile.begin + key) : -1;
 }
 
-__device__ __forceinline__ void load_slots(const Sm90Params& p, const SplitWork& w, int32_t i,
-                                           int tid, TileSlots& ts) {
-  if (i >= w.tiles) return;
-  const Tile tile = tile_of(w, i);
-#pragma unroll
-  for (int n = 0; n < kItems; ++n) {
-    const int j = tid + kThreads * n;
-    ts.item[n] = j < kTileChunks ? slot_of(p, tile, j / 36) : -1;
-  }
-  ts.own = tid < kKeys ? slot_of(p, tile, tid) : -1;
-}
-
-// Issues tile i's copies into its raw stage (one cp.async group per tile, possibly empty).
-__device__ __forceinline__ void issue_raw(const Sm90Params& p, const SplitWork& w, int32_t i,
-                                          const TileSlots& ts, const Smem& sm, int tid) {
+// Issues this thread's copies of tile i (one cp.async group, empty past the last tile) and loads
+// its key's scale word.
+__device__ __forceinline__ RowMeta issue_rows(const Sm90Params& p, const SplitWork& w, int32_t i,
+                                              int32_t slot, const Smem& sm, GatherLane g) {
+  RowMeta meta{make_uint2(0, 0), false};
   if (i < w.tiles) {
     const DeviceCache& cache = tile_of(w, i).extra ? p.extra_cache : p.main_cache;
-    unsigned char* raw = sm.raw_stage(i);
+    unsigned char* row = sm.raw_stage(i) + g.key * kRawRowBytes;
+    const cuda::RowOffsets off = cuda::row_offsets32(cache, slot);
+    meta.valid = off.data >= 0;
+    const int n = g.r < 4 ? 5 : 4;
+    if (meta.valid) {
+      const unsigned char* src = cache.base + off.data;
 #pragma unroll
-    for (int n = 0; n < kItems; ++n) {
-      const int j = tid + kThreads * n, key = j / 36, chunk = j % 36;
-      if (j >= kTileChunks) break;
-      unsigned char* dst = raw + key * kRawRowBytes + 16 * chunk;
-      const cuda::RowOffsets off = cuda::row_offsets32(cache, ts.item[n]);
-      if (off.data >= 0) {
-        cp_async16(dst, cache.base + off.data + 16 * chunk);
-      } else {
-        *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);  // invalid: zero K, flag 0
+      for (int j = 0; j < 5; ++j) {
+        if (j < n) cp_async16(row + 16 * (g.r + 8 * j), src + 16 * (g.r + 8 * j));
       }
-    }
-    if (tid < kKeys) {
-      unsigned char* dst = raw + tid * kRawRowBytes + 16 * 36;
-      const cuda::RowOffsets off = cuda::row_offsets32(cache, ts.own);
-      if (off.data >= 0) {
-        cp_async8(dst, cache.base + off.scale);
-      } else {
-        *reinterpret_cast<uint2*>(dst) = make_uint2(0, 0);
+      meta.scale = __ldg(reinterpret_cast<const uint2*>(cache.base + off.scale));
+    } else {
+#pragma unroll
+      for (int j = 0; j < 5; ++j) {  // invalid: zero K (finite under P = 0), flag 0
+        if (j < n) *reinterpret_cast<uint4*>(row + 16 * (g.r + 8 * j)) = make_uint4(0, 0, 0, 0);
       }
-      dst[8] = off.data >= 0 ? 1 : 0;
     }
   }
   cp_async_commit();
+  return meta;
 }
 
-// Tile i: raw rows -> bf16 K stage (core-matrix layout). Thread tid: key tid % 32, raw chunks
-// x = 8 n + tid / 32 (x < 36): NoPE chunks (x < 28) give dims [16x, +16), RoPE chunks dims
-// 448 + 8 (x - 28). Then the async-proxy fence (the stage is read by wgmma after the next barrier).
-__device__ __forceinline__ void convert_tile(const Smem& sm, int32_t i, bool scrub, int tid) {
-  const int key = tid % kKeys, part = tid / kKeys;
-  const unsigned char* row = sm.raw_stage(i) + key * kRawRowBytes;
-  unsigned char* kst = sm.k_stage(i);
-  const uint2 scale = *reinterpret_cast<const uint2*>(row + 16 * 36);
+// True when every NoPE byte of the thread's chunks is a non-NaN e4m3, every scale code of the row
+// is <= kFastMaxCode (all 7 checked: cheaper than selecting) and no RoPE value is a NaN.
+__device__ __forceinline__ bool chunks_fast(const uint4 (&c)[5], int n, int r, uint2 scale) {
+  uint32_t nan8 = 0, nan16 = 0;
 #pragma unroll
-  for (int n = 0; n < (36 + kParts - 1) / kParts; ++n) {
-    const int x = kParts * n + part;
-    if (x >= 36) break;
-    const uint4 v = *reinterpret_cast<const uint4*>(row + 16 * x);
+  for (int j = 0; j < 5; ++j) {
+    if (j >= n) break;
+    const bool rope = 8 * j + r >= 28;
+    const uint32_t b8 = cuda::nan_bytes_acc(c[j].x) | cuda::nan_bytes_acc(c[j].y) |
+                        cuda::nan_bytes_acc(c[j].z) | cuda::nan_bytes_acc(c[j].w);
+    const uint32_t b16 = cuda::nan_bf16_acc(c[j].x) | cuda::nan_bf16_acc(c[j].y) |
+                         cuda::nan_bf16_acc(c[j].z) | cuda::nan_bf16_acc(c[j].w);
+    nan8 |= rope ? 0u : b8;
+    nan16 |= rope ? b16 : 0u;
+  }
+  return (nan8 & cuda::kNanBytesMask) == 0 && (nan16 & cuda::kNanBf16Mask) == 0 &&
+         !cuda::any_code_above_fast(scale.x) && !cuda::any_code_above_fast(scale.y);
+}
+
+// Tile i: this thread's raw chunks -> the bf16 K stage (core-matrix layout); key flag by r == 0.
+// NoPE chunk x gives dims [16x, +16) (bf16 chunks 2x, 2x+1), RoPE chunk x dims 448 + 8 (x - 28).
+// Ends with the async-proxy fence: the stage is read by wgmma after the next barrier.
+__device__ __forceinline__ void convert_rows(const Smem& sm, int32_t i, bool scrub, RowMeta meta,
+                                             GatherLane g) {
+  const unsigned char* row = sm.raw_stage(i) + g.key * kRawRowBytes;
+  unsigned char* kst = sm.k_stage(i);
+  const int n = g.r < 4 ? 5 : 4;
+  uint4 c[5];
+#pragma unroll
+  for (int j = 0; j < 5; ++j) {
+    c[j] =
+        j < n ? *reinterpret_cast<const uint4*>(row + 16 * (g.r + 8 * j)) : make_uint4(0, 0, 0, 0);
+  }
+  const bool fast = chunks_fast(c, n, g.r, meta.scale);
+#pragma unroll
+  for (int j = 0; j < 5; ++j) {
+    const int x = g.r + 8 * j;
+    if (j >= n) break;
     if (x < 28) {
       uint4 lo, hi;
-      cuda::dequant_nope16_any(v, cuda::scale_code(scale, x / 4), scrub, &lo, &hi);
-      *reinterpret_cast<uint4*>(kst + cm_offset(key, 2 * x, 4)) = lo;
-      *reinterpret_cast<uint4*>(kst + cm_offset(key, 2 * x + 1, 4)) = hi;
+      const uint32_t code = cuda::scale_code(meta.scale, x / 4);
+      if (fast) {
+        cuda::dequant_nope16_fast(c[j], code, &lo, &hi);
+      } else {
+        cuda::dequant_nope16_any(c[j], code, scrub, &lo, &hi);
+      }
+      *reinterpret_cast<uint4*>(kst + cm_offset(g.key, 2 * x, 4)) = lo;
+      *reinterpret_cast<uint4*>(kst + cm_offset(g.key, 2 * x + 1, 4)) = hi;
     } else {
-      *reinterpret_cast<uint4*>(kst + cm_offset(key, 56 + (x - 28), 4)) =
-          cuda::rope_chunk16(v, scrub);
+      *reinterpret_cast<uint4*>(kst + cm_offset(g.key, 56 + (x - 28), 4)) =
+          fast ? c[j] : cuda::rope_chunk16(c[j], scrub);
     }
   }
-  if (part == 0) sm.flags[(i & 1) * kKeys + key] = row[16 * 36 + 8];
+  if (g.r == 0) sm.flags[(i & 1) * kKeys + g.key] = meta.valid ? 1 : 0;
   fence_proxy_async();
 }
 
 // ---- tensor work and softmax
-// ---------------------------------------------------------------------------------- Q rows h0..
-// into the core-matrix layout (zero rows past H): one cp.async group.
+// --------------------------------------------------------------------- Q rows h0.. into the
+// core-matrix layout (zero rows past H): one cp.async group.
 __device__ __forceinline__ void load_q(const Sm90Params& p, int64_t t, int32_t h0, int32_t heads,
                                        const Smem& sm, int ctid) {
 #pragma unroll 4
@@ -309,13 +333,18 @@ __device__ __forceinline__ void load_q(const Sm90Params& p, int64_t t, int32_t h
 // Q.K of warpgroup c over dims [256c, +256): 16 wgmma k-steps of 16 dims, issued (one group).
 __device__ __forceinline__ void qk_issue(const Smem& sm, int32_t i, int c, float (&s)[16]) {
   const uint32_t q_base = smem_u32(sm.q), k_base = smem_u32(sm.k_stage(i));
+  constexpr uint32_t kQChunkBytes = (kHeads / 8) * 128, kKChunkBytes = (kKeys / 8) * 128;
+  // Step ks moves both start addresses by 2 dim chunks: a constant added to the descriptors'
+  // address field (addr >> 4 < 2^14 for all of shared memory, so it never carries out).
+  const uint64_t a0 = smem_desc(q_base + 32 * c * kQChunkBytes, kQChunkBytes, 128);
+  const uint64_t b0 = smem_desc(k_base + 32 * c * kKChunkBytes, kKChunkBytes, 128);
+  const uint32_t a_lo = static_cast<uint32_t>(a0), b_lo = static_cast<uint32_t>(b0);
+  const uint64_t a_hi = a0 & ~uint64_t{0xFFFFFFFFu}, b_hi = b0 & ~uint64_t{0xFFFFFFFFu};
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < 16; ++ks) {
-    const int chunk = 32 * c + 2 * ks;
-    const uint64_t a = smem_desc(q_base + chunk * (kHeads / 8) * 128, (kHeads / 8) * 128, 128);
-    const uint64_t b = smem_desc(k_base + chunk * (kKeys / 8) * 128, (kKeys / 8) * 128, 128);
-    wgmma_m64n32k16_ss(s, a, b, ks > 0 ? 1 : 0);
+    wgmma_m64n32k16_ss(s, a_hi | (a_lo + ks * (2 * kQChunkBytes >> 4)),
+                       b_hi | (b_lo + ks * (2 * kKChunkBytes >> 4)), ks > 0 ? 1 : 0);
   }
   wgmma_commit();
 }
@@ -467,49 +496,50 @@ __device__ __forceinline__ void epilogue(const Sm90Params& p, int64_t t, int32_t
 }
 
 // The tile loop. Per tile i (K(i) ready in its stage):
-//   Q.K(i) issued | copies of tile i+2 issued, slot ids of tile i+3 loaded | Q.K waited
-//   scores exchanged (barrier; tile i+1's rows visible too) | softmax | P.V(i) issued |
-//   tile i+1 dequantised into the other K stage beside the tensor work | P.V waited | barrier.
+//   Q.K(i) | scores exchanged (barrier) | softmax | P.V(i) issued | this thread's rows of tile i+1
+//   (copied during tile i-1) dequantised into the other K stage beside the tensor work, then the
+//   async-proxy fence | copies of tile i+2 and the slot id of tile i+3 issued | P.V waited |
+//   barrier. The fence (MEMBAR.CTA) waits for the thread's outstanding loads, so the only loads in
+//   flight across it were issued a whole tile earlier and have landed.
 __device__ __forceinline__ void decode_loop(const Sm90Params& p, const SplitWork& w, const Smem& sm,
                                             int64_t t, int32_t s, int32_t h0, int32_t heads,
                                             int tid) {
   const int c = tid / 128, wtid = tid % 128, lane = wtid % 32;
+  const GatherLane g = gather_lane(tid);
   auto scrub_of = [&](int32_t i) { return tile_of(w, i).extra ? (p.scrub_extra != 0) : true; };
   float acc[128];
 #pragma unroll
   for (int j = 0; j < 128; ++j) acc[j] = 0.0f;
   RowState st{{kNoScore, kNoScore}, {0.0f, 0.0f}};
   // Prologue: slot ids of tiles 0..2, rows of tiles 0 and 1, Q; tile 0 dequantised.
-  TileSlots ts;
-  load_slots(p, w, 0, tid, ts);
-  issue_raw(p, w, 0, ts, sm, tid);
-  load_slots(p, w, 1, tid, ts);
-  issue_raw(p, w, 1, ts, sm, tid);
-  load_slots(p, w, 2, tid, ts);
+  const int32_t slot0 = slot_of(p, w, 0, g.key), slot1 = slot_of(p, w, 1, g.key);
+  int32_t slot_ahead = slot_of(p, w, 2, g.key);
+  const RowMeta meta0 = issue_rows(p, w, 0, slot0, sm, g);
+  RowMeta meta_next = issue_rows(p, w, 1, slot1, sm, g);
   load_q(p, t, h0, heads, sm, tid);
   cp_async_wait<0>();
+  if (w.tiles > 0) convert_rows(sm, 0, scrub_of(0), meta0, g);
   fence_proxy_async();  // Q (cp.async writes) for wgmma
-  __syncthreads();
-  if (w.tiles > 0) convert_tile(sm, 0, scrub_of(0), tid);
   __syncthreads();
   for (int32_t i = 0; i < w.tiles; ++i) {
     float sc[16];
     qk_issue(sm, i, c, sc);
-    issue_raw(p, w, i + 2, ts, sm, tid);  // into the raw stage of tile i-1 (converted)
-    load_slots(p, w, i + 3, tid, ts);
     wgmma_wait<0>();
-    cp_async_wait<1>();  // this thread's copies of tile i+1 landed (tile i+2's may not have)
     exchange_scores(sm, i, c, wtid, sc);
     float alpha[2];
     uint32_t pa[2][4];
     softmax_tile(sc, sm.flags + (i & 1) * kKeys, p.scale, lane, st, alpha, pa);
     rescale(acc, alpha);
     pv_issue(sm, i, c, pa, acc);
-    if (i + 1 < w.tiles) convert_tile(sm, i + 1, scrub_of(i + 1), tid);
+    if (i + 1 < w.tiles) {
+      cp_async_wait<0>();  // this thread's copies of tile i+1
+      convert_rows(sm, i + 1, scrub_of(i + 1), meta_next, g);
+      meta_next = issue_rows(p, w, i + 2, slot_ahead, sm, g);  // into tile i's raw stage
+      slot_ahead = slot_of(p, w, i + 3, g.key);
+    }
     wgmma_wait<0>();
-    __syncthreads();  // K(i+1) ready; K(i) and the raw stage of tile i+1 free
+    __syncthreads();  // K(i+1) and its flags ready; K(i) free
   }
-  cp_async_wait<0>();
   epilogue(p, t, s, h0, heads, c, wtid, st, acc);
 }
 
