@@ -300,9 +300,9 @@ __device__ __forceinline__ void convert_rows(const Smem& sm, int32_t i, bool scr
   fence_proxy_async();
 }
 
-// ---- tensor work and softmax
-// --------------------------------------------------------------------- Q rows h0.. into the
-// core-matrix layout (zero rows past H): one cp.async group.
+// ---- tensor work and softmax --------------------------------------------------------------------
+
+// Q rows h0.. into the core-matrix layout (zero rows past H): one cp.async group.
 __device__ __forceinline__ void load_q(const Sm90Params& p, int64_t t, int32_t h0, int32_t heads,
                                        const Smem& sm, int ctid) {
 #pragma unroll 4
