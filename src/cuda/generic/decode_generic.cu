@@ -19,10 +19,10 @@
 #include <string>
 
 #include "cuda/common/decode_common.cuh"
+#include "cuda/common/decode_params.cuh"
 #include "cuda/common/device_info.h"
 #include "cuda/generic/decode_partial.cuh"
 #include "cuda/generic/generic_backend.h"
-#include "cuda/generic/kernel_args.cuh"
 #include "sparsemla/error.h"
 #include "sparsemla/plan.h"
 
@@ -341,86 +341,14 @@ void launch_combine_kernel(const CombineParams& cp, bool pdl, cudaStream_t strea
                    "decode_combine_kernel launch");
 }
 
-PartialParams partial_params(const DecodeParams& p, int32_t num_splits, const KernelArgs& a) {
-  PartialParams k{};
-  k.num_tokens = p.num_tokens;
-  k.num_heads = p.num_heads;
-  k.num_splits = num_splits;
-  k.q = reinterpret_cast<const __nv_bfloat16*>(p.q);
-  k.q_stride_token = a.q_stride_token;
-  k.q_stride_head = p.q_stride_head;
-  k.q_vec16 = a.q_vec16;
-  k.scale = p.scale;
-  k.main_cache = a.main_cache;
-  k.main_list = a.main_list;
-  k.extra_cache = a.extra_cache;
-  k.extra_list = a.extra_list;
-  k.scrub_extra = a.scrub_extra;
-  k.adaptive = a.adaptive;
-  k.one_wave = a.one_wave;
-  k.ws_m = a.ws_m;
-  k.ws_l = a.ws_l;
-  k.ws_acc = a.ws_acc;
-  k.finish = a.finish;
-  return k;
-}
-
 }  // namespace
 
-KernelArgs kernel_args(const DecodeParams& p, int32_t num_splits, void* workspace,
-                       bool specialised) {
-  KernelArgs k{};
-  k.q_stride_token = p.q_stride_token != 0 ? p.q_stride_token : p.num_heads * 512LL;
-  k.q_vec16 = aligned(p.q, 16) && k.q_stride_token % 8 == 0 && p.q_stride_head % 8 == 0;
-  k.main_cache = device_cache(p.main_cache);
-  k.main_list = device_list(p.main_list);
-  if (p.has_extra) {
-    k.extra_cache = device_cache(p.extra_cache);
-    k.extra_list = device_list(p.extra_list);
-  }
-  // SPEC 5: only the specialised path may skip the extra cache's scrub, and only when the gate
-  // says.
-  k.scrub_extra = !may_skip_extra_scrub(
-      {specialised, true, p.kv_connector, p.has_extra, p.extra_cache_sanitised});
-  k.adaptive = p.adaptive_splits ? 1 : 0;
-  if (p.adaptive_splits) {
-    PlanShape shape{p.num_tokens, p.num_heads, width_of(p.main_list, p.num_tokens),
-                    p.has_extra ? width_of(p.extra_list, p.num_tokens) : 0,
-                    p.num_sms > 0 ? p.num_sms : cuda::current_device_sms()};
-    k.one_wave = adaptive_one_wave(shape, num_splits);
-  }
-  if (num_splits > 1) {
-    const int64_t rows = p.num_tokens * num_splits * p.num_heads;
-    k.ws_m = static_cast<float*>(workspace);
-    k.ws_l = k.ws_m + rows;
-    k.ws_acc = k.ws_l + rows;
-  }
-  k.finish = finish_params(p);
-  return k;
-}
-
-void launch_combine(const KernelArgs& a, int64_t num_tokens, int32_t num_heads, int32_t num_splits,
-                    cudaStream_t stream) {
-  const CombineParams cp{num_tokens, num_heads, num_splits, a.ws_m, a.ws_l, a.ws_acc, a.finish};
-  launch_combine_kernel(cp, launch_facts().pdl, stream);
-}
-
 void sparse_decode(const DecodeParams& p, int32_t num_splits, void* workspace) {
-  constexpr const char* kOp = "sparse_decode";
   if (p.num_tokens == 0) return;
-  SPARSEMLA_CHECK_ARG(p.num_tokens <= INT32_MAX, kOp, "num_tokens", "<= 2^31-1 on the CUDA path",
-                      p.num_tokens);
-  SPARSEMLA_CHECK_ARG(num_splits >= 1 && num_splits <= 65535, kOp, "num_splits", "in [1, 65535]",
-                      num_splits);
-  if (num_splits > 1) {
-    SPARSEMLA_CHECK_PTR(workspace, kOp, "workspace");
-    SPARSEMLA_CHECK_ARG(aligned(workspace, 8), kOp, "workspace", "an 8-byte aligned pointer",
-                        workspace);
-  }
+  cuda::check_decode_launch(p, num_splits, workspace);
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   const LaunchFacts& facts = launch_facts();
-  const KernelArgs args = kernel_args(p, num_splits, workspace, /*specialised=*/false);
-  const PartialParams kp = partial_params(p, num_splits, args);
+  const PartialParams kp = cuda::decode_kernel_params(p, num_splits, workspace, false);
   const int32_t sms = p.num_sms > 0 ? p.num_sms : cuda::current_device_sms();
   const int32_t per_cta =
       head_blocks_per_cta(p.num_tokens, num_splits, p.num_heads, sms, facts.max_smem);
@@ -429,7 +357,7 @@ void sparse_decode(const DecodeParams& p, int32_t num_splits, void* workspace) {
                   static_cast<unsigned>((hb + per_cta - 1) / per_cta));
   launch_partial(per_cta, grid, stream, kp);
   if (num_splits == 1) return;
-  launch_combine(args, p.num_tokens, p.num_heads, num_splits, stream);
+  cuda::launch_combine(kp, stream);
 }
 
 void inverse_rope_inplace(bf16_bits* x, int64_t num_tokens, int32_t num_heads, int64_t stride_token,
@@ -454,3 +382,67 @@ void inverse_rope_inplace(bf16_bits* x, int64_t num_tokens, int32_t num_heads, i
 }
 
 }  // namespace sparsemla::cuda_generic
+
+// The decode kernels' shared host side (src/cuda/common/decode_params.cuh), defined here beside
+// the combine kernel.
+namespace sparsemla::cuda {
+
+DecodeKernelParams decode_kernel_params(const DecodeParams& p, int32_t num_splits, void* workspace,
+                                        bool specialised) {
+  using namespace cuda_generic;
+  DecodeKernelParams k{};
+  k.num_tokens = p.num_tokens;
+  k.num_heads = p.num_heads;
+  k.num_splits = num_splits;
+  k.q = reinterpret_cast<const __nv_bfloat16*>(p.q);
+  k.q_stride_head = p.q_stride_head;
+  k.scale = p.scale;
+  k.q_stride_token = p.q_stride_token != 0 ? p.q_stride_token : p.num_heads * 512LL;
+  k.q_vec16 = aligned(p.q, 16) && k.q_stride_token % 8 == 0 && p.q_stride_head % 8 == 0;
+  k.main_cache = device_cache(p.main_cache);
+  k.main_list = device_list(p.main_list);
+  if (p.has_extra) {
+    k.extra_cache = device_cache(p.extra_cache);
+    k.extra_list = device_list(p.extra_list);
+  }
+  // SPEC 5: only the specialised path may skip the extra cache's scrub, and only when the gate
+  // says.
+  k.scrub_extra = !may_skip_extra_scrub(
+      {specialised, true, p.kv_connector, p.has_extra, p.extra_cache_sanitised});
+  k.adaptive = p.adaptive_splits ? 1 : 0;
+  if (p.adaptive_splits) {
+    PlanShape shape{p.num_tokens, p.num_heads, width_of(p.main_list, p.num_tokens),
+                    p.has_extra ? width_of(p.extra_list, p.num_tokens) : 0,
+                    p.num_sms > 0 ? p.num_sms : current_device_sms()};
+    k.one_wave = adaptive_one_wave(shape, num_splits);
+  }
+  if (num_splits > 1) {
+    const int64_t rows = p.num_tokens * num_splits * p.num_heads;
+    k.ws_m = static_cast<float*>(workspace);
+    k.ws_l = k.ws_m + rows;
+    k.ws_acc = k.ws_l + rows;
+  }
+  k.finish = finish_params(p);
+  return k;
+}
+
+void check_decode_launch(const DecodeParams& p, int32_t num_splits, const void* workspace) {
+  constexpr const char* kOp = "sparse_decode";
+  SPARSEMLA_CHECK_ARG(p.num_tokens <= INT32_MAX, kOp, "num_tokens", "<= 2^31-1 on the CUDA path",
+                      p.num_tokens);
+  SPARSEMLA_CHECK_ARG(num_splits >= 1 && num_splits <= 65535, kOp, "num_splits", "in [1, 65535]",
+                      num_splits);
+  if (num_splits > 1) {
+    SPARSEMLA_CHECK_PTR(workspace, kOp, "workspace");
+    SPARSEMLA_CHECK_ARG(cuda_generic::aligned(workspace, 8), kOp, "workspace",
+                        "an 8-byte aligned pointer", workspace);
+  }
+}
+
+void launch_combine(const DecodeKernelParams& k, cudaStream_t stream) {
+  const cuda_generic::CombineParams cp{k.num_tokens, k.num_heads, k.num_splits, k.ws_m,
+                                       k.ws_l,       k.ws_acc,    k.finish};
+  cuda_generic::launch_combine_kernel(cp, cuda_generic::launch_facts().pdl, stream);
+}
+
+}  // namespace sparsemla::cuda

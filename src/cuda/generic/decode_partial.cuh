@@ -31,6 +31,7 @@
 #include <cstdint>
 
 #include "cuda/common/decode_common.cuh"
+#include "cuda/common/decode_params.cuh"
 #include "sparsemla/format.h"
 #include "sparsemla/plan.h"
 
@@ -40,6 +41,11 @@ using cuda::DeviceCache;
 using cuda::DeviceList;
 using cuda::FinishParams;
 using cuda::kNoScore;
+using cuda::split_work;
+using cuda::SplitWork;
+using cuda::tile_cache;
+using cuda::tile_scrub;
+using cuda::tile_slot;
 
 inline constexpr int kThreads = 256;
 inline constexpr int kWarps = kThreads / 32;
@@ -85,27 +91,7 @@ struct Cfg {
   static_assert(kThreadsPerHead <= 32 && kKeysPerThread >= 2);
 };
 
-struct PartialParams {
-  int64_t num_tokens;  // T
-  int32_t num_heads;   // H
-  int32_t num_splits;  // S
-  const __nv_bfloat16* q;
-  int64_t q_stride_token;
-  int64_t q_stride_head;
-  int32_t q_vec16;  // q and its strides allow 16-byte loads
-  float scale;
-  DeviceCache main_cache;
-  DeviceCache extra_cache;
-  DeviceList main_list;
-  DeviceList extra_list;  // capacity 0: no extra segment
-  int32_t scrub_extra;    // the main cache is always scrubbed
-  int32_t adaptive;       // SPEC 4.5 active splits
-  int32_t one_wave;       // ONE_WAVE (host)
-  float* ws_m;            // [T, S, H]  (S > 1)
-  float* ws_l;            // [T, S, H]
-  float* ws_acc;          // [T, S, H, 512]
-  FinishParams finish;    // S == 1
-};
+using PartialParams = cuda::DecodeKernelParams;  // the decode kernels' one parameter struct
 
 // ---- warp-level primitives (sm_80: ldmatrix, mma.sync, cp.async) -------------------------------
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -197,56 +183,6 @@ __device__ __forceinline__ int score_index(int row, int key) {
 }
 
 // ---- the split's tiles --------------------------------------------------------------------------
-struct SplitWork {
-  int64_t main_begin;   // offsets into main indices
-  int64_t extra_begin;  // offsets into extra indices
-  int32_t main_keys;
-  int32_t extra_keys;
-  int32_t main_tiles;
-  int32_t tiles;
-};
-
-struct Tile {
-  bool extra;
-  int64_t begin;  // offset into the segment's indices
-  int32_t keys;   // 1..32
-};
-__device__ __forceinline__ Tile tile_of(const SplitWork& w, int32_t i) {
-  if (i < w.main_tiles) {
-    const int32_t k0 = i * kKeyTile;
-    return {false, w.main_begin + k0, min(kKeyTile, w.main_keys - k0)};
-  }
-  const int32_t k0 = (i - w.main_tiles) * kKeyTile;
-  return {true, w.extra_begin + k0, min(kKeyTile, w.extra_keys - k0)};
-}
-
-__device__ __forceinline__ SplitWork split_work(const PartialParams& p, int64_t t, int32_t s,
-                                                int32_t* work) {
-  const cuda::RowRange mr = cuda::load_row_range(p.main_list, t);
-  const cuda::RowRange xr = cuda::load_row_range(p.extra_list, t);
-  *work = p.adaptive ? cuda::adaptive_work(mr.len, xr.len, p.num_splits, p.one_wave) : p.num_splits;
-  SplitWork w{};
-  if (s >= *work) return w;
-  int32_t b, e;
-  cuda::split_bounds(mr.len, *work, s, &b, &e);
-  w.main_begin = mr.begin + b;
-  w.main_keys = e - b;
-  cuda::split_bounds(xr.len, *work, s, &b, &e);
-  w.extra_begin = xr.begin + b;
-  w.extra_keys = e - b;
-  w.main_tiles = (w.main_keys + kKeyTile - 1) / kKeyTile;
-  w.tiles = w.main_tiles + (w.extra_keys + kKeyTile - 1) / kKeyTile;
-  return w;
-}
-
-// Slot id of key `key` of tile i (untrusted; -1 past the tile's end).
-__device__ __forceinline__ int32_t tile_slot(const PartialParams& p, const SplitWork& w, int32_t i,
-                                             int key) {
-  const Tile tile = tile_of(w, i);
-  const DeviceList& list = tile.extra ? p.extra_list : p.main_list;
-  return key < tile.keys ? __ldg(list.indices + tile.begin + key) : -1;
-}
-
 // ---- gather (registers) and dequantisation ------------------------------------------------------
 // Thread (key k = tid / 8, r = tid % 8) owns chunks r, r+8, r+16, r+24 and, for r < 4, r+32 of
 // its key's 36 16-byte chunks (0..27 NoPE, 28..35 RoPE): 128 contiguous bytes per 8 threads. So
@@ -263,7 +199,7 @@ template <int HB>
 __device__ __forceinline__ void issue_tile_loads(const PartialParams& p, const SplitWork& w,
                                                  int32_t i, int32_t slot, const Smem<HB>& sm,
                                                  int tid, RowChunks& rc) {
-  const DeviceCache& cache = tile_of(w, i).extra ? p.extra_cache : p.main_cache;
+  const DeviceCache& cache = tile_cache(p, w, i);
   const int r = tid % kThreadsPerKey;
   const cuda::RowOffsets off = cuda::row_offsets32(cache, slot);
   const bool valid = off.data >= 0;
@@ -723,7 +659,6 @@ __device__ __forceinline__ void partial_body(const PartialParams& p, unsigned ch
 
   if (w.tiles > 0) {
     const int key = tid / kThreadsPerKey, r = tid % kThreadsPerKey;
-    auto scrub_of = [&](int32_t i) { return tile_of(w, i).extra ? (p.scrub_extra != 0) : true; };
     // Dependent global round trips before the first MMA: indptr (above), the slot ids of tiles
     // 0..2 (together), the rows of tiles 0 and 1 (together); Q travels meanwhile (cp.async).
     const int32_t slot0 = tile_slot(p, w, 0, key);
@@ -736,7 +671,7 @@ __device__ __forceinline__ void partial_body(const PartialParams& p, unsigned ch
     if (__all_sync(0xFFFFFFFFu, rows_fast(rc0, r))) {
       dequant_tile_fast(rc0, tid, sm.k_buf(0));
     } else {
-      dequant_tile_any(rc0, scrub_of(0), tid, sm.k_buf(0));
+      dequant_tile_any(rc0, tile_scrub(p, w, 0), tid, sm.k_buf(0));
     }
     cp_async_wait_all();
     __syncthreads();  // Q, K(0), valid bits of tiles 0 and 1
@@ -757,7 +692,7 @@ __device__ __forceinline__ void partial_body(const PartialParams& p, unsigned ch
           dequant_tile_fast(rc, tid, sm.k_buf(i + 1));
         } else {
           pv_tile<HB>(sm, sm.k_buf(i), warp, lane, acc);
-          dequant_tile_any(rc, scrub_of(i + 1), tid, sm.k_buf(i + 1));
+          dequant_tile_any(rc, tile_scrub(p, w, i + 1), tid, sm.k_buf(i + 1));
         }
         if (i + 2 < w.tiles) {
           issue_tile_loads<HB>(p, w, i + 2, slot_next, sm, tid, rc);

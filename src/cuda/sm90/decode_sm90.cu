@@ -29,8 +29,8 @@
 #include <mutex>
 
 #include "cuda/common/decode_common.cuh"
+#include "cuda/common/decode_params.cuh"
 #include "cuda/common/device_info.h"
-#include "cuda/generic/kernel_args.cuh"
 #include "cuda/sm90/sm90_backend.h"
 #include "cuda/sm90/wgmma.cuh"
 #include "sparsemla/error.h"
@@ -44,9 +44,14 @@ using cuda::DeviceCache;
 using cuda::DeviceList;
 using cuda::FinishParams;
 using cuda::kNoScore;
+using cuda::split_work;
+using cuda::SplitWork;
+using cuda::tile_cache;
+using cuda::tile_scrub;
+using cuda::tile_slot;
 
 constexpr int kHeads = 64;                // wgmma M: heads per CTA
-constexpr int kKeys = 32;                 // keys per tile (SPEC 4.4 bk)
+constexpr int kKeys = cuda::kKeyTile;     // keys per tile (SPEC 4.4 bk)
 constexpr int kDim = Fp8DsMla::kHeadDim;  // 512
 constexpr int kRawRowBytes = 37 * 16;  // 36 data chunks + pad: rows 148 words apart (conflict-free)
 // 8 warps: 255 registers per thread (128 fp32 accumulators). A 9th warp would cap every thread at
@@ -65,27 +70,7 @@ constexpr int kSmemBytes =
     kQBytes + 2 * kKBytes + kRawStages * kRawBytes + 4 * kScoreBytes + kFlagBytes;
 static_assert(kSmemBytes <= 227 * 1024, "fits the 227 KiB opt-in of sm_90");
 
-struct Sm90Params {
-  int64_t num_tokens;
-  int32_t num_heads;
-  int32_t num_splits;
-  const __nv_bfloat16* q;
-  int64_t q_stride_token;
-  int64_t q_stride_head;
-  int32_t q_vec16;
-  float scale;
-  DeviceCache main_cache;
-  DeviceCache extra_cache;
-  DeviceList main_list;
-  DeviceList extra_list;
-  int32_t scrub_extra;
-  int32_t adaptive;
-  int32_t one_wave;
-  float* ws_m;
-  float* ws_l;
-  float* ws_acc;
-  FinishParams finish;
-};
+using Sm90Params = cuda::DecodeKernelParams;  // the decode kernels' one parameter struct
 
 // Device code exists only in the sm_90a cubin (and the host pass); other targets get an empty
 // kernel.
@@ -146,43 +131,6 @@ __device__ __forceinline__ int cm_offset(int row, int c, int groups) {
   return (c * groups + row / 8) * 128 + (row % 8) * 16;
 }
 
-// ---- the split's tiles (as the generic path) ---------------------------------------------------
-struct SplitWork {
-  int64_t main_begin, extra_begin;
-  int32_t main_keys, extra_keys, main_tiles, tiles;
-};
-struct Tile {
-  bool extra;
-  int64_t begin;
-  int32_t keys;
-};
-__device__ __forceinline__ Tile tile_of(const SplitWork& w, int32_t i) {
-  if (i < w.main_tiles) {
-    const int32_t k0 = i * kKeys;
-    return {false, w.main_begin + k0, min(kKeys, w.main_keys - k0)};
-  }
-  const int32_t k0 = (i - w.main_tiles) * kKeys;
-  return {true, w.extra_begin + k0, min(kKeys, w.extra_keys - k0)};
-}
-__device__ __forceinline__ SplitWork split_work(const Sm90Params& p, int64_t t, int32_t s,
-                                                int32_t* work) {
-  const cuda::RowRange mr = cuda::load_row_range(p.main_list, t);
-  const cuda::RowRange xr = cuda::load_row_range(p.extra_list, t);
-  *work = p.adaptive ? cuda::adaptive_work(mr.len, xr.len, p.num_splits, p.one_wave) : p.num_splits;
-  SplitWork w{};
-  if (s >= *work) return w;
-  int32_t b, e;
-  cuda::split_bounds(mr.len, *work, s, &b, &e);
-  w.main_begin = mr.begin + b;
-  w.main_keys = e - b;
-  cuda::split_bounds(xr.len, *work, s, &b, &e);
-  w.extra_begin = xr.begin + b;
-  w.extra_keys = e - b;
-  w.main_tiles = (w.main_keys + kKeys - 1) / kKeys;
-  w.tiles = w.main_tiles + (w.extra_keys + kKeys - 1) / kKeys;
-  return w;
-}
-
 // ---- gather and dequantisation (all 256 threads) ------------------------------------------------
 // Thread (key, r) of a tile: key = lane % 8 + 8 (warp % 4), r = lane / 8 + 4 (warp / 4). It copies
 // 16-byte chunks r, r+8, r+16, r+24 and (r < 4) r+32 of its key's 36 (0..27 NoPE, 28..35 RoPE)
@@ -206,21 +154,13 @@ struct RowMeta {
   bool valid;
 };
 
-__device__ __forceinline__ int32_t slot_of(const Sm90Params& p, const SplitWork& w, int32_t i,
-                                           int key) {
-  if (i >= w.tiles) return -1;
-  const Tile tile = tile_of(w, i);
-  const DeviceList& list = tile.extra ? p.extra_list : p.main_list;
-  return key < tile.keys ? __ldg(list.indices + tile.begin + key) : -1;
-}
-
 // Issues this thread's copies of tile i (one cp.async group, empty past the last tile) and loads
 // its key's scale word.
 __device__ __forceinline__ RowMeta issue_rows(const Sm90Params& p, const SplitWork& w, int32_t i,
                                               int32_t slot, const Smem& sm, GatherLane g) {
   RowMeta meta{make_uint2(0, 0), false};
   if (i < w.tiles) {
-    const DeviceCache& cache = tile_of(w, i).extra ? p.extra_cache : p.main_cache;
+    const DeviceCache& cache = tile_cache(p, w, i);
     unsigned char* row = sm.raw_stage(i) + g.key * kRawRowBytes;
     const cuda::RowOffsets off = cuda::row_offsets32(cache, slot);
     meta.valid = off.data >= 0;
@@ -506,19 +446,18 @@ __device__ __forceinline__ void decode_loop(const Sm90Params& p, const SplitWork
                                             int tid) {
   const int c = tid / 128, wtid = tid % 128, lane = wtid % 32;
   const GatherLane g = gather_lane(tid);
-  auto scrub_of = [&](int32_t i) { return tile_of(w, i).extra ? (p.scrub_extra != 0) : true; };
   float acc[128];
 #pragma unroll
   for (int j = 0; j < 128; ++j) acc[j] = 0.0f;
   RowState st{{kNoScore, kNoScore}, {0.0f, 0.0f}};
   // Prologue: slot ids of tiles 0..2, rows of tiles 0 and 1, Q; tile 0 dequantised.
-  const int32_t slot0 = slot_of(p, w, 0, g.key), slot1 = slot_of(p, w, 1, g.key);
-  int32_t slot_ahead = slot_of(p, w, 2, g.key);
+  const int32_t slot0 = tile_slot(p, w, 0, g.key), slot1 = tile_slot(p, w, 1, g.key);
+  int32_t slot_ahead = tile_slot(p, w, 2, g.key);
   const RowMeta meta0 = issue_rows(p, w, 0, slot0, sm, g);
   RowMeta meta_next = issue_rows(p, w, 1, slot1, sm, g);
   load_q(p, t, h0, heads, sm, tid);
   cp_async_wait<0>();
-  if (w.tiles > 0) convert_rows(sm, 0, scrub_of(0), meta0, g);
+  if (w.tiles > 0) convert_rows(sm, 0, tile_scrub(p, w, 0), meta0, g);
   fence_proxy_async();  // Q (cp.async writes) for wgmma
   __syncthreads();
   for (int32_t i = 0; i < w.tiles; ++i) {
@@ -533,9 +472,9 @@ __device__ __forceinline__ void decode_loop(const Sm90Params& p, const SplitWork
     pv_issue(sm, i, c, pa, acc);
     if (i + 1 < w.tiles) {
       cp_async_wait<0>();  // this thread's copies of tile i+1
-      convert_rows(sm, i + 1, scrub_of(i + 1), meta_next, g);
+      convert_rows(sm, i + 1, tile_scrub(p, w, i + 1), meta_next, g);
       meta_next = issue_rows(p, w, i + 2, slot_ahead, sm, g);  // into tile i's raw stage
-      slot_ahead = slot_of(p, w, i + 3, g.key);
+      slot_ahead = tile_slot(p, w, i + 3, g.key);
     }
     wgmma_wait<0>();
     __syncthreads();  // K(i+1) and its flags ready; K(i) free
@@ -570,10 +509,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // ---- host ---------------------------------------------------------------------------------------
-bool aligned(const void* ptr, uintptr_t bytes) {
-  return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
-}
-
 constexpr int kMaxDevices = 64;
 
 void opt_in_once() {
@@ -613,46 +548,16 @@ int32_t heads_per_cta() {
 }
 
 void sparse_decode(const DecodeParams& p, int32_t num_splits, void* workspace) {
-  constexpr const char* kOp = "sparse_decode";
   if (p.num_tokens == 0) return;
-  SPARSEMLA_CHECK_ARG(p.num_tokens <= INT32_MAX, kOp, "num_tokens", "<= 2^31-1 on the CUDA path",
-                      p.num_tokens);
-  SPARSEMLA_CHECK_ARG(num_splits >= 1 && num_splits <= 65535, kOp, "num_splits", "in [1, 65535]",
-                      num_splits);
-  if (num_splits > 1) {
-    SPARSEMLA_CHECK_PTR(workspace, kOp, "workspace");
-    SPARSEMLA_CHECK_ARG(aligned(workspace, 8), kOp, "workspace", "an 8-byte aligned pointer",
-                        workspace);
-  }
+  cuda::check_decode_launch(p, num_splits, workspace);
   opt_in_once();
-  const cuda_generic::KernelArgs a = cuda_generic::kernel_args(p, num_splits, workspace, true);
-  Sm90Params k{};
-  k.num_tokens = p.num_tokens;
-  k.num_heads = p.num_heads;
-  k.num_splits = num_splits;
-  k.q = reinterpret_cast<const __nv_bfloat16*>(p.q);
-  k.q_stride_token = a.q_stride_token;
-  k.q_stride_head = p.q_stride_head;
-  k.q_vec16 = a.q_vec16;
-  k.scale = p.scale;
-  k.main_cache = a.main_cache;
-  k.extra_cache = a.extra_cache;
-  k.main_list = a.main_list;
-  k.extra_list = a.extra_list;
-  k.scrub_extra = a.scrub_extra;
-  k.adaptive = a.adaptive;
-  k.one_wave = a.one_wave;
-  k.ws_m = a.ws_m;
-  k.ws_l = a.ws_l;
-  k.ws_acc = a.ws_acc;
-  k.finish = a.finish;
+  const Sm90Params k = cuda::decode_kernel_params(p, num_splits, workspace, /*specialised=*/true);
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(num_splits),
                   static_cast<unsigned>((p.num_heads + kHeads - 1) / kHeads));
   decode_sm90_kernel<<<grid, kThreads, kSmemBytes, stream>>>(k);
   cuda::check_cuda(cudaGetLastError(), "decode_sm90_kernel launch");
-  if (num_splits > 1)
-    cuda_generic::launch_combine(a, p.num_tokens, p.num_heads, num_splits, stream);
+  if (num_splits > 1) cuda::launch_combine(k, stream);
 }
 
 }  // namespace sparsemla::cuda_sm90
