@@ -109,6 +109,34 @@ __device__ __forceinline__ int32_t adaptive_work(int32_t len_main, int32_t len_e
   return work < splits ? work : splits;
 }
 
+// ---- shared memory, async copies, online-softmax constants (both decode kernels)
+// -----------------
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(smem)), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
+inline constexpr float kLog2e = 1.4426950408889634f;
+inline constexpr float kLazyRescale = 8.0f;  // nats the running max may lag the true one
+// 2^x (MUFU.EX2; denormal results flush to 0).
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // ---- slot addressing ----------------------------------------------------------------------------
 // Byte offsets of a slot's data row and scale word; data < 0 marks an invalid slot (never read).
 struct RowOffsets {

@@ -37,10 +37,16 @@
 
 namespace sparsemla::cuda_generic::partial {
 
+using cuda::cp_async16;
+using cuda::cp_async_wait_all;
 using cuda::DeviceCache;
 using cuda::DeviceList;
+using cuda::exp2_ftz;
 using cuda::FinishParams;
+using cuda::kLazyRescale;
+using cuda::kLog2e;
 using cuda::kNoScore;
+using cuda::smem_u32;
 using cuda::split_work;
 using cuda::SplitWork;
 using cuda::tile_cache;
@@ -57,7 +63,6 @@ inline constexpr int kPPitch = kKeyTile + 8;     // bf16 per probability row (80
 inline constexpr int kThreadsPerKey = kThreads / kKeyTile;  // 8 gather threads per key
 inline constexpr int kColsPerWarp = kDim / kWarps;          // 64 P.V output columns per warp
 inline constexpr int kNTiles = kColsPerWarp / 8;            // 8 mma n-tiles per warp
-inline constexpr float kLazyRescale = 8.0f;  // nats the running max may lag the true one
 static_assert(kHeadTile == kPlanHeadBlock && kKeyTile == kPlanKeyBlock);
 static_assert(Fp8DsMla::kDataBytes / 16 == 36 && kThreadsPerKey == 8);
 
@@ -94,18 +99,15 @@ struct Cfg {
 using PartialParams = cuda::DecodeKernelParams;  // the decode kernels' one parameter struct
 
 // ---- warp-level primitives (sm_80: ldmatrix, mma.sync, cp.async) -------------------------------
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
+               : "r"(smem_u32(p)));
 }
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
+               : "r"(smem_u32(p)));
 }
 // d += a (16x16 bf16, row) * b (16x8 bf16, col), fp32 accumulate.
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
@@ -115,20 +117,6 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
       "{%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(smem)), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async_wait_all() {
-  asm volatile("cp.async.wait_all;\n" ::: "memory");
-}
-
-inline constexpr float kLog2e = 1.4426950408889634f;
-// 2^x (MUFU.EX2; denormal results flush to 0).
-__device__ __forceinline__ float exp2_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
 }
 
 // Programmatic dependent launch (sm_90+): let the combine grid be scheduled while this one runs

@@ -40,10 +40,17 @@ namespace sparsemla::cuda_sm90 {
 
 namespace {
 
+using cuda::cp_async16;
+using cuda::cp_async_commit;
+using cuda::cp_async_wait;
 using cuda::DeviceCache;
 using cuda::DeviceList;
+using cuda::exp2_ftz;
 using cuda::FinishParams;
+using cuda::kLazyRescale;
+using cuda::kLog2e;
 using cuda::kNoScore;
+using cuda::smem_u32;
 using cuda::split_work;
 using cuda::SplitWork;
 using cuda::tile_cache;
@@ -76,8 +83,6 @@ using Sm90Params = cuda::DecodeKernelParams;  // the decode kernels' one paramet
 // kernel.
 #if !defined(__CUDA_ARCH__) || defined(SPARSEMLA_SM90A_DEVICE)
 constexpr int kChunks = kDim / 8;  // 16-byte bf16 chunks per row: 64
-constexpr float kLazyRescale = 8.0f;
-constexpr float kLog2e = 1.4426950408889634f;
 
 struct Smem {
   unsigned char* q;
@@ -104,25 +109,6 @@ __device__ __forceinline__ Smem carve(unsigned char* raw) {
   s.scores = reinterpret_cast<float*>(s.raw + kRawStages * kRawBytes);
   s.flags = reinterpret_cast<uint8_t*>(s.scores + 4 * kHeads * kKeys);
   return s;
-}
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src));
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ float exp2_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
 }
 
 // Byte offset of the 16-byte chunk (row, chunk c) in a core-matrix operand of `groups` 8-row
@@ -541,10 +527,6 @@ bool have_sm90a_kernels() {
 #else
   return false;
 #endif
-}
-
-int32_t heads_per_cta() {
-  return kHeads;
 }
 
 void sparse_decode(const DecodeParams& p, int32_t num_splits, void* workspace) {

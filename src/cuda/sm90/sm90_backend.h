@@ -14,9 +14,6 @@ namespace sparsemla::cuda_sm90 {
 // sm_90a cubin is the one loaded). Cached per device after the first call.
 bool have_sm90a_kernels();
 
-// Heads per CTA of the kernel (64: the wgmma M).
-int32_t heads_per_cta();
-
 // Split-K decode with S = num_splits (the caller plans it with plan_sm90_tuned): the warp-
 // specialised wgmma kernel (grid T x S x ceil(H / 64)), then the combine when S > 1. The extra
 // cache's scrub is skipped exactly when the provenance gate (SPEC 5) holds for the call. Same

@@ -1,8 +1,8 @@
 // src/cuda/sm90/wgmma.cuh: the Hopper warpgroup primitives the sm90 decode uses (PTX ISA 8.0+,
 // sm_90a only): shared-memory matrix descriptors for the no-swizzle ("interleaved") canonical
 // layout, wgmma.mma_async for the two shapes of the decode (Q.K: m64n32k16, both operands in shared
-// memory; P.V: m64n256k16, P from registers), fences, commit / wait, named barriers and the
-// async-proxy fence. Compiled to nothing outside sm_90a (the callers are guarded the same way).
+// memory; P.V: m64n256k16, P from registers), fences, commit / wait and the async-proxy fence.
+// Compiled to nothing outside sm_90a (the callers are guarded the same way).
 //
 // Canonical no-swizzle layout (PTX "Shared Memory Matrix Layout"): an operand is a grid of core
 // matrices of 8 rows x 16 bytes stored as 128 contiguous bytes (row r at 16 r). LBO is the byte
@@ -49,13 +49,6 @@ __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
 }
-__device__ __forceinline__ void named_sync(uint32_t id, uint32_t threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_arrive(uint32_t id, uint32_t threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
 // d[16] (+)= A (64x16, shared, K-major) . B (16x32, shared, K-major); accumulate when acc != 0.
 __device__ __forceinline__ void wgmma_m64n32k16_ss(float (&d)[16], uint64_t a_desc, uint64_t b_desc,
                                                    int acc) {
