@@ -120,4 +120,28 @@ __device__ __forceinline__ bool tile_scrub(const DecodeKernelParams& p, const Sp
   return tile_of(w, i).extra ? (p.scrub_extra != 0) : true;
 }
 
+// 16-byte chunk c (dims 8c..8c+7) of query row t, head h into shared memory at dst: cp.async when
+// q allows 16-byte loads (the caller commits and waits), 2-byte loads otherwise; zeros for a head
+// past H (live false), which no output row reads.
+__device__ __forceinline__ void load_q_chunk(const DecodeKernelParams& p, int64_t t, int32_t h,
+                                             int c, bool live, void* dst) {
+  if (!live) {
+    *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+    return;
+  }
+  const __nv_bfloat16* src = p.q + t * p.q_stride_token + h * p.q_stride_head + 8 * c;
+  if (p.q_vec16) {
+    cp_async16(dst, src);
+    return;
+  }
+  const uint16_t* s16 = reinterpret_cast<const uint16_t*>(src);
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    w[i] = static_cast<uint32_t>(__ldg(s16 + 2 * i)) |
+           (static_cast<uint32_t>(__ldg(s16 + 2 * i + 1)) << 16);
+  }
+  *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 }  // namespace sparsemla::cuda

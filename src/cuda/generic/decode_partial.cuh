@@ -298,24 +298,7 @@ __device__ __forceinline__ void load_q_tile(const PartialParams& p, int64_t t, i
 #pragma unroll 4
   for (int j = 0; j < Cfg<HB>::kHeads * kChunks / kThreads; ++j) {
     const int job = tid + j * kThreads, r = job / kChunks, c = job % kChunks;
-    __nv_bfloat16* dst = sm.q + r * kRowPitch + 8 * c;
-    if (r >= heads) {
-      *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
-      continue;
-    }
-    const __nv_bfloat16* src = p.q + t * p.q_stride_token + (h0 + r) * p.q_stride_head + 8 * c;
-    if (p.q_vec16) {
-      cp_async16(dst, src);
-    } else {
-      const uint16_t* s16 = reinterpret_cast<const uint16_t*>(src);
-      uint32_t w[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        w[i] = static_cast<uint32_t>(__ldg(s16 + 2 * i)) |
-               (static_cast<uint32_t>(__ldg(s16 + 2 * i + 1)) << 16);
-      }
-      *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
-    }
+    cuda::load_q_chunk(p, t, h0 + r, c, r < heads, sm.q + r * kRowPitch + 8 * c);
   }
 }
 

@@ -234,24 +234,7 @@ __device__ __forceinline__ void load_q(const Sm90Params& p, int64_t t, int32_t h
 #pragma unroll 4
   for (int n = 0; n < kHeads * kChunks / kThreads; ++n) {
     const int j = ctid + kThreads * n, h = j / kChunks, c = j % kChunks;
-    unsigned char* dst = sm.q + cm_offset(h, c, kHeads / 8);
-    if (h >= heads) {
-      *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
-      continue;
-    }
-    const __nv_bfloat16* src = p.q + t * p.q_stride_token + (h0 + h) * p.q_stride_head + 8 * c;
-    if (p.q_vec16) {
-      cp_async16(dst, src);
-    } else {
-      const uint16_t* s16 = reinterpret_cast<const uint16_t*>(src);
-      uint32_t v[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        v[e] = static_cast<uint32_t>(__ldg(s16 + 2 * e)) |
-               (static_cast<uint32_t>(__ldg(s16 + 2 * e + 1)) << 16);
-      }
-      *reinterpret_cast<uint4*>(dst) = make_uint4(v[0], v[1], v[2], v[3]);
-    }
+    cuda::load_q_chunk(p, t, h0 + h, c, h < heads, sm.q + cm_offset(h, c, kHeads / 8));
   }
   cp_async_commit();
 }
