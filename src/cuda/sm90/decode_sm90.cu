@@ -1,24 +1,26 @@
 // src/cuda/sm90/decode_sm90.cu: the Hopper-specialised sparse decode (SPEC 4, 7), sm_90a.
 //
-// One CTA (256 threads = 2 warpgroups, 1 per SM: 255 registers per thread) owns one query row t,
-// one split s and a group of 64 heads (rows past H are zero and never written). Warpgroup c:
-//   - Q.K over dims [256c, +256) with wgmma m64n32k16 (Q and K both from shared memory); the two
-//     partial score sets are summed through shared memory (identical S in both warpgroups);
-//   - the online softmax in registers (lazy rescale, bf16 P, fp32 l);
-//   - P.V for output columns [256c, +256) with wgmma m64n256k16 (P from registers, V = the same K
-//     stage read MN-major): 128 fp32 accumulators per thread, the CTA's 64 x 512 output in
-//     registers.
-// The gather runs beside the asynchronous tensor work of the same warps: the copies of tile i+2
-// (cp.async into a 3-stage ring of raw 584-byte rows, slot ids loaded a tile earlier) are issued
-// while Q.K(i) runs, and tile i+1 is dequantised (FP8 x UE8M0 -> bf16 by bit placement and one
-// bf16x2 multiply; NaN bytes and large codes take the exact path and the scrub) into the other
-// bf16 K stage while P.V(i) runs. Two barriers per 32-key tile.
+// One CTA (384 threads = 3 warpgroups, 1 per SM) owns one query row t, one split s and a group of
+// 64 heads (rows past H are zero and never written).
+//   - Warpgroup 2, the producer (56 registers after setmaxnreg) copies each key's 576-byte row with
+//     one cp.async.bulk into a 2-stage raw ring, two tiles ahead (completion on the stage's
+//     `raw_full` mbarrier); its four warps dequantise the rows (FP8 x UE8M0 -> bf16 by
+//     bit placement and one bf16x2 multiply; NaN bytes and large codes take the exact path and the
+//     scrub) into a 3-stage bf16 K ring and publish a stage with its `full` mbarrier.
+//   - Warpgroups 0 and 1, the consumers (224 registers): warpgroup c computes Q.K over dims
+//     [256c, +256) with wgmma m64n32k16 (Q and K from shared memory), the two partial score sets
+//     are summed through shared memory, the online softmax runs in registers (lazy rescale, bf16
+//     P, fp32 l), and P.V for output columns [256c, +256) runs as wgmma m64n256k16 (P from
+//     registers, V = the same K stage read MN-major; 128 fp32 accumulators per thread). Q.K of the
+//     next tile is issued right behind P.V, so the tensor pipe runs P.V(i), Q.K(i+1) back to back;
+//     a stage goes back to the producer (`empty` mbarrier) once its P.V has completed.
 // Shared memory (no swizzle: every 16-byte chunk of a core matrix is contiguous, so the
 // dequantiser's 16-byte stores and the raw-row reads are bank-conflict free):
 //   Q       64 heads x 512 dims bf16, core matrix (head group g, dim chunk c) at (8c + g) * 128
-//   K[2]    32 keys x 512 dims bf16, core matrix (key group g, dim chunk c) at (4c + g) * 128
-//   raw[3]  32 keys x 592 B (576 data + 8 scale + valid byte + pad)
-//   S[2][2] partial scores, 64 x 32 fp32 per warpgroup, fragment order
+//   K[3]    32 keys x 512 dims bf16, core matrix (key group g, dim chunk c) at (4c + g) * 128
+//   raw[2]  32 keys x 592 B (576 data bytes + pad: rows 37 chunks apart, conflict-free)
+//   S[2]    partial scores, 64 x 32 fp32 per consumer warpgroup, fragment order
+//   flags[3][32], mbarriers full[3], empty[3], raw_full[2]
 // Epilogue as the generic path: S > 1 writes the partials m, l, acc (combined by the generic
 // combine kernel, launched with programmatic dependent launch), S == 1 finishes the rows in place.
 #include <cuda_bf16.h>
@@ -31,6 +33,7 @@
 #include "cuda/common/decode_common.cuh"
 #include "cuda/common/decode_params.cuh"
 #include "cuda/common/device_info.h"
+#include "cuda/sm90/pipeline.cuh"
 #include "cuda/sm90/sm90_backend.h"
 #include "cuda/sm90/wgmma.cuh"
 #include "sparsemla/error.h"
@@ -40,8 +43,6 @@ namespace sparsemla::cuda_sm90 {
 
 namespace {
 
-using cuda::cp_async16;
-using cuda::cp_async_commit;
 using cuda::cp_async_wait;
 using cuda::DeviceCache;
 using cuda::DeviceList;
@@ -57,25 +58,32 @@ using cuda::tile_cache;
 using cuda::tile_scrub;
 using cuda::tile_slot;
 
-constexpr int kHeads = 64;                // wgmma M: heads per CTA
-constexpr int kKeys = cuda::kKeyTile;     // keys per tile (SPEC 4.4 bk)
-constexpr int kDim = Fp8DsMla::kHeadDim;  // 512
+constexpr int kHeads = 64;                   // wgmma M: heads per CTA
+constexpr int kKeys = cuda::kKeyTile;        // keys per tile (SPEC 4.4 bk)
+constexpr int kDim = Fp8DsMla::kHeadDim;     // 512
 constexpr int kRawRowBytes = 37 * 16;  // 36 data chunks + pad: rows 148 words apart (conflict-free)
-// 8 warps: 255 registers per thread (128 fp32 accumulators). A 9th warp would cap every thread at
-// 168 (three warps on one of the 4 register-file quarters) and spill; setmaxnreg does not change
-// ptxas's allocation, so there is no dedicated producer: the gather and dequantisation run beside
-// the asynchronous wgmma of the same warps.
-constexpr int kThreads = 256;
+constexpr int kConsumers = 256;        // warpgroups 0, 1
+constexpr int kProducers = 128;        // warpgroup 2
+constexpr int kThreads = kConsumers + kProducers;
+// Three K stages let the producer run two tiles ahead of the tensor work; the raw ring then fits
+// two stages (copies two tiles ahead of the dequantisation) and the score exchange one buffer.
+constexpr int kKStages = 3;
 constexpr int kRawStages = 2;
 
 constexpr int kQBytes = kHeads * kDim * 2;       // 65536
 constexpr int kKBytes = kKeys * kDim * 2;        // 32768
 constexpr int kRawBytes = kKeys * kRawRowBytes;  // 18944
 constexpr int kScoreBytes = kHeads * kKeys * 4;  // 8192 per warpgroup
-constexpr int kFlagBytes = 2 * kKeys;
-constexpr int kSmemBytes =
-    kQBytes + 2 * kKBytes + kRawStages * kRawBytes + 4 * kScoreBytes + kFlagBytes;
+constexpr int kFlagBytes = kKStages * kKeys;
+constexpr int kBarrierBytes = (2 * kKStages + kRawStages) * 8;
+constexpr int kSmemBytes = kQBytes + kKStages * kKBytes + kRawStages * kRawBytes +
+                           2 * kScoreBytes + kFlagBytes + kBarrierBytes;
 static_assert(kSmemBytes <= 227 * 1024, "fits the 227 KiB opt-in of sm_90");
+static_assert((kQBytes + kKStages * kKBytes + kRawStages * kRawBytes + 2 * kScoreBytes +
+               kFlagBytes) %
+                      8 ==
+                  0,
+              "mbarriers are 8-byte aligned");
 
 using Sm90Params = cuda::DecodeKernelParams;  // the decode kernels' one parameter struct
 
@@ -83,32 +91,54 @@ using Sm90Params = cuda::DecodeKernelParams;  // the decode kernels' one paramet
 // kernel.
 #if !defined(__CUDA_ARCH__) || defined(SPARSEMLA_SM90A_DEVICE)
 constexpr int kChunks = kDim / 8;  // 16-byte bf16 chunks per row: 64
+constexpr int kRowBytes = Fp8DsMla::kDataBytes;  // 576 copied per key
+// Register split (ptxas budget at entry: 65536 / 384 = 168 per thread): the producer needs ~40
+// for one 16-byte chunk in flight, the consumers 128 accumulators + 16 scores + 8 P + state.
+// 56 * 128 + 224 * 256 = 64512 <= 65536.
+constexpr int kProducerRegs = 56;
+constexpr int kConsumerRegs = 224;
+// Named barrier ids: the score exchange of the consumers, the producer warpgroup, and "warpgroup
+// c's score buffer has been read" (arrived at by the reader, waited for by the writer).
+constexpr uint32_t kExchangeBarrier = 1, kProducerBarrier = 2, kScoresReadBarrier = 3;
 
 struct Smem {
   unsigned char* q;
-  unsigned char* k;    // [2][kKBytes]
-  unsigned char* raw;  // [2][kRawBytes]
-  float* scores;       // [2 tiles][2 warpgroups][64 x 32]
-  uint8_t* flags;      // [2][32]
+  unsigned char* k;    // [kKStages][kKBytes]
+  unsigned char* raw;  // [kRawStages][kRawBytes]
+  float* scores;       // [2 warpgroups][64 x 32]
+  uint8_t* flags;      // [kKStages][32]
+  uint64_t* full;      // [kKStages]: K stage written (count: 128 producer threads)
+  uint64_t* empty;     // [kKStages]: K stage read (count: 256 consumer threads)
+  uint64_t* raw_full;  // [kRawStages]: rows landed (count: 32 copying lanes + bytes)
   __device__ __forceinline__ unsigned char* k_stage(int32_t i) const {
-    return k + (i & 1) * kKBytes;
+    return k + (i % kKStages) * kKBytes;
   }
   __device__ __forceinline__ unsigned char* raw_stage(int32_t i) const {
     return raw + (i % kRawStages) * kRawBytes;
   }
-  __device__ __forceinline__ float* score_set(int32_t i, int c) const {
-    return scores + ((i & 1) * 2 + c) * (kHeads * kKeys);
+  __device__ __forceinline__ float* score_set(int c) const { return scores + c * (kHeads * kKeys); }
+  __device__ __forceinline__ uint8_t* flag_set(int32_t i) const {
+    return flags + (i % kKStages) * kKeys;
   }
 };
 
-__device__ __forceinline__ Smem carve(unsigned char* raw) {
+__device__ __forceinline__ Smem carve(unsigned char* base) {
   Smem s;
-  s.q = raw;
-  s.k = raw + kQBytes;
-  s.raw = s.k + 2 * kKBytes;
+  s.q = base;
+  s.k = base + kQBytes;
+  s.raw = s.k + kKStages * kKBytes;
   s.scores = reinterpret_cast<float*>(s.raw + kRawStages * kRawBytes);
-  s.flags = reinterpret_cast<uint8_t*>(s.scores + 4 * kHeads * kKeys);
+  s.flags = reinterpret_cast<uint8_t*>(s.scores + 2 * kHeads * kKeys);
+  s.full = reinterpret_cast<uint64_t*>(s.flags + kFlagBytes);
+  s.empty = s.full + kKStages;
+  s.raw_full = s.empty + kKStages;
   return s;
+}
+
+// Parity of the phase a ring stage completes for the (i / stages)-th time.
+template <int kStages>
+__device__ __forceinline__ uint32_t use_parity(int32_t i) {
+  return static_cast<uint32_t>(i / kStages) & 1u;
 }
 
 // Byte offset of the 16-byte chunk (row, chunk c) in a core-matrix operand of `groups` 8-row
@@ -117,113 +147,117 @@ __device__ __forceinline__ int cm_offset(int row, int c, int groups) {
   return (c * groups + row / 8) * 128 + (row % 8) * 16;
 }
 
-// ---- gather and dequantisation (all 256 threads) ------------------------------------------------
-// Thread (key, r) of a tile: key = lane % 8 + 8 (warp % 4), r = lane / 8 + 4 (warp / 4). It copies
-// 16-byte chunks r, r+8, r+16, r+24 and (r < 4) r+32 of its key's 36 (0..27 NoPE, 28..35 RoPE)
-// with cp.async into its raw row, loads the key's scale word into registers, and later
-// dequantises exactly those chunks: no thread reads another's copies, so no barrier orders the
-// gather. The 8 lanes of a quarter warp hold 8 consecutive keys with the same r: their 16-byte
-// raw reads (rows 592 B apart) and K-stage stores (8 rows of one core matrix) are conflict-free.
-struct GatherLane {
+// ---- producer: gather and dequantisation (warpgroup 2) -------------------------------------------
+// Producer thread (key = lane, part = warp 0..3) dequantises raw chunks x = part + 4j, j = 0..8, of
+// its key: j < 7 are NoPE chunks of scale tile j, j = 7, 8 the RoPE chunks 28 + part, 32 + part.
+// A warp handles one chunk index for 32 consecutive keys: its 16-byte raw reads (rows 37 chunks
+// apart) and K-stage stores (4 whole core matrices) are conflict-free.
+struct ProducerLane {
   int key;
-  int r;
+  int part;
 };
-__device__ __forceinline__ GatherLane gather_lane(int tid) {
-  const int lane = tid % 32, warp = tid / 32;
-  // (& 7: r < 8 lets the compiler resolve chunks r, r+8, r+16 as NoPE and r+32 as RoPE.)
-  return {(lane & 7) + 8 * (warp & 3), ((lane >> 3) + 4 * (warp >> 2)) & 7};
-}
 
-// A tile's scale word and validity for this thread's key (registers, loaded with its copies).
+// A tile's scale word and validity for this thread's key (registers, loaded a tile ahead).
 struct RowMeta {
   uint2 scale;  // 7 UE8M0 codes + pad; zero for an invalid key
   bool valid;
 };
 
-// Issues this thread's copies of tile i (one cp.async group, empty past the last tile) and loads
-// its key's scale word.
-__device__ __forceinline__ RowMeta issue_rows(const Sm90Params& p, const SplitWork& w, int32_t i,
-                                              int32_t slot, const Smem& sm, GatherLane g) {
+__device__ __forceinline__ RowMeta load_meta(const Sm90Params& p, const SplitWork& w, int32_t i,
+                                             int32_t slot) {
   RowMeta meta{make_uint2(0, 0), false};
-  if (i < w.tiles) {
-    const DeviceCache& cache = tile_cache(p, w, i);
-    unsigned char* row = sm.raw_stage(i) + g.key * kRawRowBytes;
-    const cuda::RowOffsets off = cuda::row_offsets32(cache, slot);
-    meta.valid = off.data >= 0;
-    const int n = g.r < 4 ? 5 : 4;
-    if (meta.valid) {
-      const unsigned char* src = cache.base + off.data;
-#pragma unroll
-      for (int j = 0; j < 5; ++j) {
-        if (j < n) cp_async16(row + 16 * (g.r + 8 * j), src + 16 * (g.r + 8 * j));
-      }
-      meta.scale = __ldg(reinterpret_cast<const uint2*>(cache.base + off.scale));
-    } else {
-#pragma unroll
-      for (int j = 0; j < 5; ++j) {  // invalid: zero K (finite under P = 0), flag 0
-        if (j < n) *reinterpret_cast<uint4*>(row + 16 * (g.r + 8 * j)) = make_uint4(0, 0, 0, 0);
-      }
-    }
-  }
-  cp_async_commit();
+  if (i >= w.tiles) return meta;
+  const DeviceCache& cache = tile_cache(p, w, i);
+  const cuda::RowOffsets off = cuda::row_offsets32(cache, slot);
+  meta.valid = off.data >= 0;
+  if (meta.valid) meta.scale = __ldg(reinterpret_cast<const uint2*>(cache.base + off.scale));
   return meta;
 }
 
-// True when every NoPE byte of the thread's chunks is a non-NaN e4m3, every scale code of the row
-// is <= kFastMaxCode (all 7 checked: cheaper than selecting) and no RoPE value is a NaN.
-__device__ __forceinline__ bool chunks_fast(const uint4 (&c)[5], int n, int r, uint2 scale) {
-  uint32_t nan8 = 0, nan16 = 0;
-#pragma unroll
-  for (int j = 0; j < 5; ++j) {
-    if (j >= n) break;
-    const bool rope = 8 * j + r >= 28;
-    const uint32_t b8 = cuda::nan_bytes_acc(c[j].x) | cuda::nan_bytes_acc(c[j].y) |
-                        cuda::nan_bytes_acc(c[j].z) | cuda::nan_bytes_acc(c[j].w);
-    const uint32_t b16 = cuda::nan_bf16_acc(c[j].x) | cuda::nan_bf16_acc(c[j].y) |
-                         cuda::nan_bf16_acc(c[j].z) | cuda::nan_bf16_acc(c[j].w);
-    nan8 |= rope ? 0u : b8;
-    nan16 |= rope ? b16 : 0u;
+// The bulk copy of key `key`'s row of tile i (nothing past the last tile), by the producer thread
+// of that key with part == key / 8: 8 copying lanes per warp (cp.async.bulk takes uniform
+// operands, so a warp issues its copies one lane at a time). Every key arrives on the stage's
+// barrier, a valid row with its 576 bytes.
+__device__ __forceinline__ void copy_row(const Sm90Params& p, const SplitWork& w, int32_t i,
+                                         int32_t slot, const Smem& sm, int key) {
+  if (i >= w.tiles) return;
+  uint64_t* bar = sm.raw_full + i % kRawStages;
+  const DeviceCache& cache = tile_cache(p, w, i);
+  const cuda::RowOffsets off = cuda::row_offsets32(cache, slot);
+  if (off.data < 0) {
+    mbar_arrive(bar);
+    return;
   }
-  return (nan8 & cuda::kNanBytesMask) == 0 && (nan16 & cuda::kNanBf16Mask) == 0 &&
-         !cuda::any_code_above_fast(scale.x) && !cuda::any_code_above_fast(scale.y);
+  mbar_arrive_expect_tx(bar, kRowBytes);
+  bulk_copy_g2s(sm.raw_stage(i) + key * kRawRowBytes, cache.base + off.data, kRowBytes, bar);
 }
 
-// Tile i: this thread's raw chunks -> the bf16 K stage (core-matrix layout); key flag by r == 0.
-// NoPE chunk x gives dims [16x, +16) (bf16 chunks 2x, 2x+1), RoPE chunk x dims 448 + 8 (x - 28).
-// Ends with the async-proxy fence: the stage is read by wgmma after the next barrier.
+// 8 stored RoPE bf16 values, scrubbed when required and a NaN is present.
+__device__ __forceinline__ uint4 rope_chunk(uint4 v, bool scrub) {
+  const uint32_t nan16 = cuda::nan_bf16_acc(v.x) | cuda::nan_bf16_acc(v.y) |
+                         cuda::nan_bf16_acc(v.z) | cuda::nan_bf16_acc(v.w);
+  return scrub && (nan16 & cuda::kNanBf16Mask) != 0 ? cuda::rope_chunk16(v, true) : v;
+}
+
+// Tile i: this thread's raw chunks -> the bf16 K stage (core-matrix layout), zeros for an invalid
+// key (finite under P = 0); key flag by part 0. NoPE chunk x gives dims [16x, +16) (bf16 chunks 2x,
+// 2x+1), RoPE chunk x dims 448 + 8 (x - 28).
 __device__ __forceinline__ void convert_rows(const Smem& sm, int32_t i, bool scrub, RowMeta meta,
-                                             GatherLane g) {
+                                             ProducerLane g) {
   const unsigned char* row = sm.raw_stage(i) + g.key * kRawRowBytes;
   unsigned char* kst = sm.k_stage(i);
-  const int n = g.r < 4 ? 5 : 4;
-  uint4 c[5];
+  const uint4 zero = make_uint4(0, 0, 0, 0);
 #pragma unroll
-  for (int j = 0; j < 5; ++j) {
-    c[j] =
-        j < n ? *reinterpret_cast<const uint4*>(row + 16 * (g.r + 8 * j)) : make_uint4(0, 0, 0, 0);
-  }
-  const bool fast = chunks_fast(c, n, g.r, meta.scale);
-#pragma unroll
-  for (int j = 0; j < 5; ++j) {
-    const int x = g.r + 8 * j;
-    if (j >= n) break;
-    if (x < 28) {
-      uint4 lo, hi;
-      const uint32_t code = cuda::scale_code(meta.scale, x / 4);
-      if (fast) {
-        cuda::dequant_nope16_fast(c[j], code, &lo, &hi);
-      } else {
-        cuda::dequant_nope16_any(c[j], code, scrub, &lo, &hi);
-      }
-      *reinterpret_cast<uint4*>(kst + cm_offset(g.key, 2 * x, 4)) = lo;
-      *reinterpret_cast<uint4*>(kst + cm_offset(g.key, 2 * x + 1, 4)) = hi;
-    } else {
-      *reinterpret_cast<uint4*>(kst + cm_offset(g.key, 56 + (x - 28), 4)) =
-          fast ? c[j] : cuda::rope_chunk16(c[j], scrub);
+  for (int j = 0; j < 7; ++j) {
+    const int x = g.part + 4 * j;
+    uint4 lo = zero, hi = zero;
+    if (meta.valid) {
+      const uint4 v = *reinterpret_cast<const uint4*>(row + 16 * x);
+      cuda::dequant_nope16_any(v, cuda::scale_code(meta.scale, j), scrub, &lo, &hi);
     }
+    *reinterpret_cast<uint4*>(kst + cm_offset(g.key, 2 * x, 4)) = lo;
+    *reinterpret_cast<uint4*>(kst + cm_offset(g.key, 2 * x + 1, 4)) = hi;
   }
-  if (g.r == 0) sm.flags[(i & 1) * kKeys + g.key] = meta.valid ? 1 : 0;
-  fence_proxy_async();
+#pragma unroll
+  for (int j = 7; j < 9; ++j) {
+    const int x = g.part + 4 * j;
+    const uint4 v =
+        meta.valid ? rope_chunk(*reinterpret_cast<const uint4*>(row + 16 * x), scrub) : zero;
+    *reinterpret_cast<uint4*>(kst + cm_offset(g.key, 28 + x, 4)) = v;
+  }
+  if (g.part == 0) sm.flag_set(i)[g.key] = meta.valid ? 1 : 0;
+}
+
+// The producer's tile loop. Per tile i: wait for its rows (raw_full) and a free K stage (empty),
+// dequantise, async-proxy fence (MEMBAR.CTA: it waits for this thread's outstanding loads, which
+// were issued a whole tile earlier), publish (full); after a producer-only barrier (every warp
+// has read raw stage i) the rows of tile i + 2 are copied into it. Slot ids run four
+// tiles ahead, the scale words two.
+__device__ __forceinline__ void producer_loop(const Sm90Params& p, const SplitWork& w,
+                                              const Smem& sm, int ptid) {
+  static_assert(kRawStages == 2, "the slot / scale look-ahead below assumes two raw stages");
+  const ProducerLane g{ptid % 32, ptid / 32};
+  const bool copier = g.part == g.key / 8;
+  const int32_t s0 = tile_slot(p, w, 0, g.key), s1 = tile_slot(p, w, 1, g.key);
+  int32_t s2 = tile_slot(p, w, 2, g.key), s3 = tile_slot(p, w, 3, g.key);
+  if (copier) {
+    copy_row(p, w, 0, s0, sm, g.key);
+    copy_row(p, w, 1, s1, sm, g.key);
+  }
+  RowMeta meta = load_meta(p, w, 0, s0), meta_next = load_meta(p, w, 1, s1);
+  for (int32_t i = 0; i < w.tiles; ++i) {
+    mbar_wait(sm.raw_full + i % kRawStages, use_parity<kRawStages>(i));
+    if (i >= kKStages) mbar_wait(sm.empty + i % kKStages, use_parity<kKStages>(i) ^ 1u);
+    convert_rows(sm, i, tile_scrub(p, w, i), meta, g);
+    fence_proxy_async();
+    mbar_arrive(sm.full + i % kKStages);
+    named_barrier_sync(kProducerBarrier, kProducers);  // raw stage i read by every warp
+    if (copier) copy_row(p, w, i + 2, s2, sm, g.key);
+    meta = meta_next;
+    meta_next = load_meta(p, w, i + 2, s2);
+    s2 = s3;
+    s3 = tile_slot(p, w, i + 4, g.key);
+  }
 }
 
 // ---- tensor work and softmax --------------------------------------------------------------------
@@ -232,11 +266,11 @@ __device__ __forceinline__ void convert_rows(const Smem& sm, int32_t i, bool scr
 __device__ __forceinline__ void load_q(const Sm90Params& p, int64_t t, int32_t h0, int32_t heads,
                                        const Smem& sm, int ctid) {
 #pragma unroll 4
-  for (int n = 0; n < kHeads * kChunks / kThreads; ++n) {
-    const int j = ctid + kThreads * n, h = j / kChunks, c = j % kChunks;
+  for (int n = 0; n < kHeads * kChunks / kConsumers; ++n) {
+    const int j = ctid + kConsumers * n, h = j / kChunks, c = j % kChunks;
     cuda::load_q_chunk(p, t, h0 + h, c, h < heads, sm.q + cm_offset(h, c, kHeads / 8));
   }
-  cp_async_commit();
+  cuda::cp_async_commit();
 }
 
 // Q.K of warpgroup c over dims [256c, +256): 16 wgmma k-steps of 16 dims, issued (one group).
@@ -346,15 +380,18 @@ __device__ __forceinline__ void rescale(float (&acc)[128], const float (&alpha)[
 }
 
 // Partial scores of warpgroup c to shared memory, the other's back, summed (the same bits in both:
-// fp32 addition commutes). Stored as [fragment float4 j][128 threads]: conflict-free.
-__device__ __forceinline__ void exchange_scores(const Smem& sm, int32_t i, int c, int wtid,
-                                                float (&s)[16]) {
-  float4* mine = reinterpret_cast<float4*>(sm.score_set(i, c));
-  const float4* other = reinterpret_cast<const float4*>(sm.score_set(i, 1 - c));
+// fp32 addition commutes). Stored as [fragment float4 j][128 threads]: conflict-free. One buffer
+// per warpgroup: before overwriting its buffer a warpgroup waits until the other has read the
+// previous tile's scores from it (kScoresReadBarrier + c; `more` = another tile follows).
+__device__ __forceinline__ void exchange_scores(const Smem& sm, int32_t i, bool more, int c,
+                                                int wtid, float (&s)[16]) {
+  float4* mine = reinterpret_cast<float4*>(sm.score_set(c));
+  const float4* other = reinterpret_cast<const float4*>(sm.score_set(1 - c));
+  if (i > 0) named_barrier_sync(kScoresReadBarrier + c, kConsumers);
 #pragma unroll
   for (int j = 0; j < 4; ++j)
     mine[j * 128 + wtid] = make_float4(s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3]);
-  __syncthreads();
+  named_barrier_sync(kExchangeBarrier, kConsumers);
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const float4 o = other[j * 128 + wtid];
@@ -363,6 +400,7 @@ __device__ __forceinline__ void exchange_scores(const Smem& sm, int32_t i, int c
     s[4 * j + 2] += o.z;
     s[4 * j + 3] += o.w;
   }
+  if (more) named_barrier_arrive(kScoresReadBarrier + (1 - c), kConsumers);
 }
 
 __device__ __forceinline__ void epilogue(const Sm90Params& p, int64_t t, int32_t s, int32_t h0,
@@ -404,50 +442,50 @@ __device__ __forceinline__ void epilogue(const Sm90Params& p, int64_t t, int32_t
   }
 }
 
-// The tile loop. Per tile i (K(i) ready in its stage):
-//   Q.K(i) | scores exchanged (barrier) | softmax | P.V(i) issued | this thread's rows of tile i+1
-//   (copied during tile i-1) dequantised into the other K stage beside the tensor work, then the
-//   async-proxy fence | copies of tile i+2 and the slot id of tile i+3 issued | P.V waited |
-//   barrier. The fence (MEMBAR.CTA) waits for the thread's outstanding loads, so the only loads in
-//   flight across it were issued a whole tile earlier and have landed.
-__device__ __forceinline__ void decode_loop(const Sm90Params& p, const SplitWork& w, const Smem& sm,
-                                            int64_t t, int32_t s, int32_t h0, int32_t heads,
-                                            int tid) {
+// The consumers' tile loop. Q.K(i) was issued at the end of the previous iteration (behind
+// P.V(i-1)); per tile: wait for it (P.V(i-1) completes first, so K stage i-1 goes back to the
+// producer) | scores exchanged (consumer barrier) | softmax | P.V(i) issued | Q.K(i+1) issued as
+// soon as the producer has published K(i+1).
+__device__ __forceinline__ void consumer_loop(const Sm90Params& p, const SplitWork& w,
+                                              const Smem& sm, int64_t t, int32_t s, int32_t h0,
+                                              int32_t heads, int tid) {
   const int c = tid / 128, wtid = tid % 128, lane = wtid % 32;
-  const GatherLane g = gather_lane(tid);
   float acc[128];
 #pragma unroll
   for (int j = 0; j < 128; ++j) acc[j] = 0.0f;
+  wgmma_fence_operands(acc);  // zeroed here, not sunk below the first Q.K (C7515 serialisation)
   RowState st{{kNoScore, kNoScore}, {0.0f, 0.0f}};
-  // Prologue: slot ids of tiles 0..2, rows of tiles 0 and 1, Q; tile 0 dequantised.
-  const int32_t slot0 = tile_slot(p, w, 0, g.key), slot1 = tile_slot(p, w, 1, g.key);
-  int32_t slot_ahead = tile_slot(p, w, 2, g.key);
-  const RowMeta meta0 = issue_rows(p, w, 0, slot0, sm, g);
-  RowMeta meta_next = issue_rows(p, w, 1, slot1, sm, g);
   load_q(p, t, h0, heads, sm, tid);
   cp_async_wait<0>();
-  if (w.tiles > 0) convert_rows(sm, 0, tile_scrub(p, w, 0), meta0, g);
   fence_proxy_async();  // Q (cp.async writes) for wgmma
-  __syncthreads();
+  named_barrier_sync(kExchangeBarrier, kConsumers);
+  float sc[16];
+  if (w.tiles > 0) {
+    mbar_wait(sm.full, 0);
+    qk_issue(sm, 0, c, sc);
+  }
   for (int32_t i = 0; i < w.tiles; ++i) {
-    float sc[16];
-    qk_issue(sm, i, c, sc);
-    wgmma_wait<0>();
-    exchange_scores(sm, i, c, wtid, sc);
+    if (i > 0) {
+      wgmma_wait<1>();  // P.V(i-1): K stage i-1 goes back to the producer
+      mbar_arrive(sm.empty + (i - 1) % kKStages);
+    }
+    wgmma_wait<0>();  // Q.K(i)
+    wgmma_fence_operands(sc);
+    wgmma_fence_operands(acc);
+    const bool more = i + 1 < w.tiles;
+    exchange_scores(sm, i, more, c, wtid, sc);
     float alpha[2];
     uint32_t pa[2][4];
-    softmax_tile(sc, sm.flags + (i & 1) * kKeys, p.scale, lane, st, alpha, pa);
+    softmax_tile(sc, sm.flag_set(i), p.scale, lane, st, alpha, pa);
     rescale(acc, alpha);
     pv_issue(sm, i, c, pa, acc);
-    if (i + 1 < w.tiles) {
-      cp_async_wait<0>();  // this thread's copies of tile i+1
-      convert_rows(sm, i + 1, tile_scrub(p, w, i + 1), meta_next, g);
-      meta_next = issue_rows(p, w, i + 2, slot_ahead, sm, g);  // into tile i's raw stage
-      slot_ahead = tile_slot(p, w, i + 3, g.key);
+    if (more) {
+      mbar_wait(sm.full + (i + 1) % kKStages, use_parity<kKStages>(i + 1));
+      qk_issue(sm, i + 1, c, sc);
     }
-    wgmma_wait<0>();
-    __syncthreads();  // K(i+1) and its flags ready; K(i) free
   }
+  wgmma_wait<0>();
+  wgmma_fence_operands(acc);
   epilogue(p, t, s, h0, heads, c, wtid, st, acc);
 }
 
@@ -473,7 +511,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     return;
   }
-  decode_loop(p, w, sm, t, s, h0, heads, tid);
+  if (tid == 0) {
+    for (int k = 0; k < kKStages; ++k) {
+      mbar_init(sm.full + k, kProducers);
+      mbar_init(sm.empty + k, kConsumers);
+    }
+    for (int k = 0; k < kRawStages; ++k) mbar_init(sm.raw_full + k, 32);
+    mbar_init_fence();
+  }
+  __syncthreads();
+  if (tid >= kConsumers) {
+    setmaxnreg_dec<kProducerRegs>();
+    producer_loop(p, w, sm, tid - kConsumers);
+  } else {
+    setmaxnreg_inc<kConsumerRegs>();
+    consumer_loop(p, w, sm, t, s, h0, heads, tid);
+  }
 #endif
 }
 

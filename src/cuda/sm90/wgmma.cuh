@@ -42,6 +42,13 @@ __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 #endif
 }
+// Keeps the compiler from moving reads or writes of wgmma accumulator registers across this point
+// (placed after wgmma_wait, before the registers are used again).
+template <int N>
+__device__ __forceinline__ void wgmma_fence_operands(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
 // Generic-proxy writes to shared memory (st.shared, cp.async) made visible to the async proxy
 // (wgmma operand reads); executed by the writing threads before the barrier that publishes them.
 __device__ __forceinline__ void fence_proxy_async() {

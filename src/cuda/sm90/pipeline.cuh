@@ -1,0 +1,102 @@
+// src/cuda/sm90/pipeline.cuh: the Hopper producer/consumer primitives of the sm90 decode (PTX ISA
+// 8.0+, sm_90a only): shared-memory mbarriers (arrive, expect-tx, parity wait), the bulk
+// global -> shared copy that completes on an mbarrier (async proxy: no thread waits for it in a
+// memory fence), named barriers for a subset of the CTA and warpgroup register reallocation.
+// Compiled to nothing outside sm_90a (the callers are guarded the same way).
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/common/decode_common.cuh"
+#include "cuda/sm90/wgmma.cuh"
+
+namespace sparsemla::cuda_sm90 {
+
+// One 8-byte mbarrier in shared memory.
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+#ifdef SPARSEMLA_SM90A_DEVICE
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(cuda::smem_u32(bar)), "r"(count)
+               : "memory");
+#endif
+}
+
+// Makes the initialised barriers visible to the async proxy (the bulk copies' complete-tx) and to
+// the other threads once the following __syncthreads has run.
+__device__ __forceinline__ void mbar_init_fence() {
+#ifdef SPARSEMLA_SM90A_DEVICE
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+#ifdef SPARSEMLA_SM90A_DEVICE
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(cuda::smem_u32(bar)) : "memory");
+#endif
+}
+
+// Arrival that also announces `bytes` of asynchronous copies completing on this barrier.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+#ifdef SPARSEMLA_SM90A_DEVICE
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(
+                   cuda::smem_u32(bar)),
+               "r"(bytes)
+               : "memory");
+#endif
+}
+
+// Blocks until the phase with this parity (0, 1, 0, ... for the barrier's 1st, 2nd, 3rd phase) has
+// completed.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+#ifdef SPARSEMLA_SM90A_DEVICE
+  asm volatile(
+      "{\n.reg .pred done;\nwait_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_%=;\n}\n" ::"r"(cuda::smem_u32(bar)),
+      "r"(parity)
+      : "memory");
+#endif
+}
+
+// bytes (multiple of 16, both addresses 16-byte aligned) from global src to shared dst; completes
+// as `bytes` of transaction count on bar.
+__device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32_t bytes,
+                                              uint64_t* bar) {
+#ifdef SPARSEMLA_SM90A_DEVICE
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(cuda::smem_u32(dst)),
+      "l"(src), "r"(bytes), "r"(cuda::smem_u32(bar))
+      : "memory");
+#endif
+}
+
+// Barrier `id` (1..15; 0 is __syncthreads) over `threads` threads (a multiple of 32).
+__device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads) {
+#ifdef SPARSEMLA_SM90A_DEVICE
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+#endif
+}
+
+// Arrival on barrier `id` without waiting (the waiting side uses named_barrier_sync).
+__device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t threads) {
+#ifdef SPARSEMLA_SM90A_DEVICE
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+#endif
+}
+
+// Warpgroup register reallocation (all 128 threads of the warpgroup execute it). ptxas honours it
+// only with a known entry register count: __launch_bounds__(threads, 1).
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+#ifdef SPARSEMLA_SM90A_DEVICE
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+#ifdef SPARSEMLA_SM90A_DEVICE
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+
+}  // namespace sparsemla::cuda_sm90
