@@ -2,12 +2,12 @@
 //
 // One CTA (384 threads = 3 warpgroups, 1 per SM) owns one query row t, one split s and a group of
 // 64 heads (rows past H are zero and never written).
-//   - Warpgroup 2, the producer (56 registers after setmaxnreg) copies each key's 576-byte row with
+//   - Warpgroup 2, the producer (72 registers after setmaxnreg) copies each key's 576-byte row with
 //     one cp.async.bulk into a 2-stage raw ring, two tiles ahead (completion on the stage's
 //     `raw_full` mbarrier); its four warps dequantise the rows (FP8 x UE8M0 -> bf16 by
 //     bit placement and one bf16x2 multiply; NaN bytes and large codes take the exact path and the
 //     scrub) into a 3-stage bf16 K ring and publish a stage with its `full` mbarrier.
-//   - Warpgroups 0 and 1, the consumers (224 registers): warpgroup c computes Q.K over dims
+//   - Warpgroups 0 and 1, the consumers (208 registers): warpgroup c computes Q.K over dims
 //     [256c, +256) with wgmma m64n32k16 (Q and K from shared memory), the two partial score sets
 //     are summed through shared memory, the online softmax runs in registers (lazy rescale, bf16
 //     P, fp32 l), and P.V for output columns [256c, +256) runs as wgmma m64n256k16 (P from
@@ -92,11 +92,11 @@ using Sm90Params = cuda::DecodeKernelParams;  // the decode kernels' one paramet
 #if !defined(__CUDA_ARCH__) || defined(SPARSEMLA_SM90A_DEVICE)
 constexpr int kChunks = kDim / 8;  // 16-byte bf16 chunks per row: 64
 constexpr int kRowBytes = Fp8DsMla::kDataBytes;  // 576 copied per key
-// Register split (ptxas budget at entry: 65536 / 384 = 168 per thread): the producer needs ~40
-// for one 16-byte chunk in flight, the consumers 128 accumulators + 16 scores + 8 P + state.
-// 56 * 128 + 224 * 256 = 64512 <= 65536.
-constexpr int kProducerRegs = 56;
-constexpr int kConsumerRegs = 224;
+// Register split (ptxas budget at entry: 65536 / 384 = 168 per thread): the producer holds a
+// thread's 9 raw chunks (36 registers) at once, the consumers 128 accumulators + 16 scores + 8 P +
+// state. 72 * 128 + 208 * 256 = 62464 <= 65536.
+constexpr int kProducerRegs = 72;
+constexpr int kConsumerRegs = 208;
 // Named barrier ids: the score exchange of the consumers, the producer warpgroup, and "warpgroup
 // c's score buffer has been read" (arrived at by the reader, waited for by the writer).
 constexpr uint32_t kExchangeBarrier = 1, kProducerBarrier = 2, kScoresReadBarrier = 3;
@@ -192,40 +192,95 @@ __device__ __forceinline__ void copy_row(const Sm90Params& p, const SplitWork& w
   bulk_copy_g2s(sm.raw_stage(i) + key * kRawRowBytes, cache.base + off.data, kRowBytes, bar);
 }
 
-// 8 stored RoPE bf16 values, scrubbed when required and a NaN is present.
-__device__ __forceinline__ uint4 rope_chunk(uint4 v, bool scrub) {
-  const uint32_t nan16 = cuda::nan_bf16_acc(v.x) | cuda::nan_bf16_acc(v.y) |
-                         cuda::nan_bf16_acc(v.z) | cuda::nan_bf16_acc(v.w);
-  return scrub && (nan16 & cuda::kNanBf16Mask) != 0 ? cuda::rope_chunk16(v, true) : v;
+// True when the whole row part takes the fast dequantisation: every scale code of the row is
+// <= kFastMaxCode (all 7 checked: cheaper than selecting) and, when the tile is scrubbed, no NoPE
+// byte is an e4m3 NaN and no RoPE value a bf16 NaN. Unscrubbed tiles (the provenance gate of SPEC 5:
+// the writer guarantees no NaN) skip the per-element NaN checks.
+__device__ __forceinline__ bool part_fast(const uint4 (&c)[9], uint2 scale, bool scrub) {
+  uint32_t nan8 = 0, nan16 = 0;
+#pragma unroll
+  for (int j = 0; j < 7; ++j) {
+    nan8 |= cuda::nan_bytes_acc(c[j].x) | cuda::nan_bytes_acc(c[j].y) |
+            cuda::nan_bytes_acc(c[j].z) | cuda::nan_bytes_acc(c[j].w);
+  }
+#pragma unroll
+  for (int j = 7; j < 9; ++j) {
+    nan16 |= cuda::nan_bf16_acc(c[j].x) | cuda::nan_bf16_acc(c[j].y) |
+             cuda::nan_bf16_acc(c[j].z) | cuda::nan_bf16_acc(c[j].w);
+  }
+  const bool clean = (nan8 & cuda::kNanBytesMask) == 0 && (nan16 & cuda::kNanBf16Mask) == 0;
+  return (clean || !scrub) && !cuda::any_code_above_fast(scale.x) &&
+         !cuda::any_code_above_fast(scale.y);
+}
+
+// Byte offsets in the K stage of NoPE raw chunk x (bf16 chunks 2x, 2x+1: dims [16x, +16)) and of
+// RoPE raw chunk x (bf16 chunk 28 + x: dims 448 + 8 (x - 28)).
+__device__ __forceinline__ int nope_lo_offset(int key, int x) { return cm_offset(key, 2 * x, 4); }
+__device__ __forceinline__ int nope_hi_offset(int key, int x) {
+  return cm_offset(key, 2 * x + 1, 4);
+}
+__device__ __forceinline__ int rope_offset(int key, int x) { return cm_offset(key, 28 + x, 4); }
+
+// The exact path of a row part (rare: a scale code > kFastMaxCode or a NaN in a scrubbed tile):
+// chunk by chunk from shared memory, not unrolled (keeps the producer's code small).
+__device__ __noinline__ void convert_part_exact(const unsigned char* row, unsigned char* kst,
+                                                uint2 scale, bool scrub, ProducerLane g) {
+#pragma unroll 1
+  for (int j = 0; j < 9; ++j) {
+    const int x = g.part + 4 * j;
+    const uint4 v = *reinterpret_cast<const uint4*>(row + 16 * x);
+    if (j < 7) {
+      uint4 lo, hi;
+      cuda::dequant_nope16_any(v, cuda::scale_code(scale, j), scrub, &lo, &hi);
+      *reinterpret_cast<uint4*>(kst + nope_lo_offset(g.key, x)) = lo;
+      *reinterpret_cast<uint4*>(kst + nope_hi_offset(g.key, x)) = hi;
+    } else {
+      *reinterpret_cast<uint4*>(kst + rope_offset(g.key, x)) = cuda::rope_chunk16(v, scrub);
+    }
+  }
 }
 
 // Tile i: this thread's raw chunks -> the bf16 K stage (core-matrix layout), zeros for an invalid
-// key (finite under P = 0); key flag by part 0. NoPE chunk x gives dims [16x, +16) (bf16 chunks 2x,
-// 2x+1), RoPE chunk x dims 448 + 8 (x - 28).
+// key (finite under P = 0); key flag by part 0. The 9 chunks are loaded first and checked once, so
+// the common case runs as straight-line code with 7 independent dequantisation chains.
 __device__ __forceinline__ void convert_rows(const Smem& sm, int32_t i, bool scrub, RowMeta meta,
                                              ProducerLane g) {
   const unsigned char* row = sm.raw_stage(i) + g.key * kRawRowBytes;
   unsigned char* kst = sm.k_stage(i);
-  const uint4 zero = make_uint4(0, 0, 0, 0);
+  if (g.part == 0) sm.flag_set(i)[g.key] = meta.valid ? 1 : 0;
+  if (!meta.valid) {
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int j = 0; j < 9; ++j) {
+      const int x = g.part + 4 * j;
+      if (j < 7) {
+        *reinterpret_cast<uint4*>(kst + nope_lo_offset(g.key, x)) = zero;
+        *reinterpret_cast<uint4*>(kst + nope_hi_offset(g.key, x)) = zero;
+      } else {
+        *reinterpret_cast<uint4*>(kst + rope_offset(g.key, x)) = zero;
+      }
+    }
+    return;
+  }
+  uint4 c[9];
+#pragma unroll
+  for (int j = 0; j < 9; ++j) c[j] = *reinterpret_cast<const uint4*>(row + 16 * (g.part + 4 * j));
+  if (!part_fast(c, meta.scale, scrub)) {
+    convert_part_exact(row, kst, meta.scale, scrub, g);
+    return;
+  }
 #pragma unroll
   for (int j = 0; j < 7; ++j) {
     const int x = g.part + 4 * j;
-    uint4 lo = zero, hi = zero;
-    if (meta.valid) {
-      const uint4 v = *reinterpret_cast<const uint4*>(row + 16 * x);
-      cuda::dequant_nope16_any(v, cuda::scale_code(meta.scale, j), scrub, &lo, &hi);
-    }
-    *reinterpret_cast<uint4*>(kst + cm_offset(g.key, 2 * x, 4)) = lo;
-    *reinterpret_cast<uint4*>(kst + cm_offset(g.key, 2 * x + 1, 4)) = hi;
+    uint4 lo, hi;
+    cuda::dequant_nope16_fast(c[j], cuda::scale_code(meta.scale, j), &lo, &hi);
+    *reinterpret_cast<uint4*>(kst + nope_lo_offset(g.key, x)) = lo;
+    *reinterpret_cast<uint4*>(kst + nope_hi_offset(g.key, x)) = hi;
   }
 #pragma unroll
   for (int j = 7; j < 9; ++j) {
-    const int x = g.part + 4 * j;
-    const uint4 v =
-        meta.valid ? rope_chunk(*reinterpret_cast<const uint4*>(row + 16 * x), scrub) : zero;
-    *reinterpret_cast<uint4*>(kst + cm_offset(g.key, 28 + x, 4)) = v;
+    *reinterpret_cast<uint4*>(kst + rope_offset(g.key, g.part + 4 * j)) = c[j];
   }
-  if (g.part == 0) sm.flag_set(i)[g.key] = meta.valid ? 1 : 0;
 }
 
 // The producer's tile loop. Per tile i: wait for its rows (raw_full) and a free K stage (empty),
