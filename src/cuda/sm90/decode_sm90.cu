@@ -2,18 +2,19 @@
 //
 // One CTA (384 threads = 3 warpgroups, 1 per SM) owns one query row t, one split s and a group of
 // 64 heads (rows past H are zero and never written).
-//   - Warpgroup 2, the producer (72 registers after setmaxnreg) copies each key's 576-byte row with
+//   - Warpgroup 2, the producer (64 registers after setmaxnreg) copies each key's 576-byte row with
 //     one cp.async.bulk into a 2-stage raw ring, two tiles ahead (completion on the stage's
 //     `raw_full` mbarrier); its four warps dequantise the rows (FP8 x UE8M0 -> bf16 by
 //     bit placement and one bf16x2 multiply; NaN bytes and large codes take the exact path and the
 //     scrub) into a 3-stage bf16 K ring and publish a stage with its `full` mbarrier.
-//   - Warpgroups 0 and 1, the consumers (208 registers): warpgroup c computes Q.K over dims
+//   - Warpgroups 0 and 1, the consumers (224 registers): warpgroup c computes Q.K over dims
 //     [256c, +256) with wgmma m64n32k16 (Q and K from shared memory), the two partial score sets
 //     are summed through shared memory, the online softmax runs in registers (lazy rescale, bf16
 //     P, fp32 l), and P.V for output columns [256c, +256) runs as wgmma m64n256k16 (P from
 //     registers, V = the same K stage read MN-major; 128 fp32 accumulators per thread). Q.K of the
-//     next tile is issued right behind P.V, so the tensor pipe runs P.V(i), Q.K(i+1) back to back;
-//     a stage goes back to the producer (`empty` mbarrier) once its P.V has completed.
+//     next tile and P.V of this one are issued back to back after the softmax, and the next
+//     tile's exchange and softmax run beside that P.V; a stage goes back to the producer (`empty`
+//     mbarrier) once its P.V has completed.
 // Shared memory (no swizzle: every 16-byte chunk of a core matrix is contiguous, so the
 // dequantiser's 16-byte stores and the raw-row reads are bank-conflict free):
 //   Q       64 heads x 512 dims bf16, core matrix (head group g, dim chunk c) at (8c + g) * 128
@@ -94,9 +95,9 @@ constexpr int kChunks = kDim / 8;  // 16-byte bf16 chunks per row: 64
 constexpr int kRowBytes = Fp8DsMla::kDataBytes;  // 576 copied per key
 // Register split (ptxas budget at entry: 65536 / 384 = 168 per thread): the producer holds a
 // thread's 9 raw chunks (36 registers) at once, the consumers 128 accumulators + 16 scores + 8 P +
-// state. 72 * 128 + 208 * 256 = 62464 <= 65536.
-constexpr int kProducerRegs = 72;
-constexpr int kConsumerRegs = 208;
+// state: 64 * 128 + 224 * 256 = 65536, and neither spills (72 / 208 spilled the consumers).
+constexpr int kProducerRegs = 64;
+constexpr int kConsumerRegs = 224;
 // Named barrier ids: the score exchange of the consumers, the producer warpgroup, and "warpgroup
 // c's score buffer has been read" (arrived at by the reader, waited for by the writer).
 constexpr uint32_t kExchangeBarrier = 1, kProducerBarrier = 2, kScoresReadBarrier = 3;
@@ -423,8 +424,11 @@ __device__ __forceinline__ void softmax_tile(float (&s)[16], const uint8_t* flag
   }
 }
 
+// Whether a row of the warp moved its running maximum (warp-uniform).
+__device__ __forceinline__ bool needs_rescale(const float (&alpha)[2]) {
+  return __any_sync(0xFFFFFFFFu, alpha[0] != 1.0f || alpha[1] != 1.0f);
+}
 __device__ __forceinline__ void rescale(float (&acc)[128], const float (&alpha)[2]) {
-  if (!__any_sync(0xFFFFFFFFu, alpha[0] != 1.0f || alpha[1] != 1.0f)) return;
 #pragma unroll
   for (int j = 0; j < 32; ++j) {
     acc[4 * j] *= alpha[0];
@@ -497,14 +501,46 @@ __device__ __forceinline__ void epilogue(const Sm90Params& p, int64_t t, int32_t
   }
 }
 
-// The consumers' tile loop. Q.K(i) was issued at the end of the previous iteration (behind
-// P.V(i-1)); per tile: wait for it (P.V(i-1) completes first, so K stage i-1 goes back to the
-// producer) | scores exchanged (consumer barrier) | softmax | P.V(i) issued | Q.K(i+1) issued as
-// soon as the producer has published K(i+1).
+// One tile of the consumers' pipeline. `sc` holds Q.K(i) (complete); P.V(i-1) may still run.
+//   scores exchanged (consumer barrier) | softmax into P (beside P.V(i-1)) | rescale (rare: waits
+//   for P.V(i-1)) | Q.K(i+1) into `sc`, then P.V(i), issued back to back | wait for all but
+//   P.V(i): Q.K(i+1) is done and K stage i-1 goes back to the producer; the next tile's exchange
+//   and softmax then run beside P.V(i).
+struct ConsumerCtx {
+  const Sm90Params& p;
+  const SplitWork& w;
+  const Smem& sm;
+  int c, wtid, lane;
+};
+
+template <bool kMore>  // another tile follows
+__device__ __forceinline__ void consumer_tile(const ConsumerCtx& x, int32_t i, RowState& st,
+                                              float (&acc)[128], float (&sc)[16]) {
+  exchange_scores(x.sm, i, kMore, x.c, x.wtid, sc);
+  float alpha[2];
+  uint32_t pa[2][4];
+  softmax_tile(sc, x.sm.flag_set(i), x.p.scale, x.lane, st, alpha, pa);
+  if (needs_rescale(alpha)) {
+    wgmma_wait<0>();  // P.V(i-1) writes acc
+    wgmma_fence_operands(acc);
+    rescale(acc, alpha);
+  }
+  if (kMore) {
+    mbar_wait(x.sm.full + (i + 1) % kKStages, use_parity<kKStages>(i + 1));
+    qk_issue(x.sm, i + 1, x.c, sc);  // the scores of tile i are in pa now
+  }
+  pv_issue(x.sm, i, x.c, pa, acc);
+  if (kMore) {
+    wgmma_wait<1>();  // P.V(i-1), Q.K(i+1)
+    wgmma_fence_operands(sc);
+    if (i > 0) mbar_arrive(x.sm.empty + (i - 1) % kKStages);
+  }
+}
+
 __device__ __forceinline__ void consumer_loop(const Sm90Params& p, const SplitWork& w,
                                               const Smem& sm, int64_t t, int32_t s, int32_t h0,
                                               int32_t heads, int tid) {
-  const int c = tid / 128, wtid = tid % 128, lane = wtid % 32;
+  const ConsumerCtx x{p, w, sm, tid / 128, tid % 128, tid % 32};
   float acc[128];
 #pragma unroll
   for (int j = 0; j < 128; ++j) acc[j] = 0.0f;
@@ -517,31 +553,18 @@ __device__ __forceinline__ void consumer_loop(const Sm90Params& p, const SplitWo
   float sc[16];
   if (w.tiles > 0) {
     mbar_wait(sm.full, 0);
-    qk_issue(sm, 0, c, sc);
-  }
-  for (int32_t i = 0; i < w.tiles; ++i) {
-    if (i > 0) {
-      wgmma_wait<1>();  // P.V(i-1): K stage i-1 goes back to the producer
-      mbar_arrive(sm.empty + (i - 1) % kKStages);
-    }
-    wgmma_wait<0>();  // Q.K(i)
+    qk_issue(sm, 0, x.c, sc);
+    wgmma_wait<0>();
     wgmma_fence_operands(sc);
-    wgmma_fence_operands(acc);
-    const bool more = i + 1 < w.tiles;
-    exchange_scores(sm, i, more, c, wtid, sc);
-    float alpha[2];
-    uint32_t pa[2][4];
-    softmax_tile(sc, sm.flag_set(i), p.scale, lane, st, alpha, pa);
-    rescale(acc, alpha);
-    pv_issue(sm, i, c, pa, acc);
-    if (more) {
-      mbar_wait(sm.full + (i + 1) % kKStages, use_parity<kKStages>(i + 1));
-      qk_issue(sm, i + 1, c, sc);
-    }
   }
+  // Every tile with a successor, then the last one: the wgmma groups in flight are then the same
+  // on every path through the loop, which ptxas needs to keep the wgmma asynchronous (with the
+  // successor test inside the tile it serialised every wgmma: C7515).
+  for (int32_t i = 0; i + 1 < w.tiles; ++i) consumer_tile<true>(x, i, st, acc, sc);
+  if (w.tiles > 0) consumer_tile<false>(x, w.tiles - 1, st, acc, sc);
   wgmma_wait<0>();
   wgmma_fence_operands(acc);
-  epilogue(p, t, s, h0, heads, c, wtid, st, acc);
+  epilogue(p, t, s, h0, heads, x.c, x.wtid, st, acc);
 }
 
 #endif  // !__CUDA_ARCH__ || SPARSEMLA_SM90A_DEVICE
