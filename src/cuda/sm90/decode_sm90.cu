@@ -2,12 +2,12 @@
 //
 // One CTA (384 threads = 3 warpgroups, 1 per SM) owns one query row t, one split s and a group of
 // 64 heads (rows past H are zero and never written).
-//   - Warpgroup 2, the producer (64 registers after setmaxnreg) copies each key's 576-byte row with
+//   - Warpgroup 2, the producer (72 registers after setmaxnreg) copies each key's 576-byte row with
 //     one cp.async.bulk into a 2-stage raw ring, two tiles ahead (completion on the stage's
 //     `raw_full` mbarrier); its four warps dequantise the rows (FP8 x UE8M0 -> bf16 by
 //     bit placement and one bf16x2 multiply; NaN bytes and large codes take the exact path and the
 //     scrub) into a 3-stage bf16 K ring and publish a stage with its `full` mbarrier.
-//   - Warpgroups 0 and 1, the consumers (224 registers): warpgroup c computes Q.K over dims
+//   - Warpgroups 0 and 1, the consumers (216 registers): warpgroup c computes Q.K over dims
 //     [256c, +256) with wgmma m64n32k16 (Q and K from shared memory), the two partial score sets
 //     are summed through shared memory, the online softmax runs in registers (lazy rescale, bf16
 //     P, fp32 l), and P.V for output columns [256c, +256) runs as wgmma m64n256k16 (P from
@@ -95,9 +95,14 @@ constexpr int kChunks = kDim / 8;  // 16-byte bf16 chunks per row: 64
 constexpr int kRowBytes = Fp8DsMla::kDataBytes;  // 576 copied per key
 // Register split (ptxas budget at entry: 65536 / 384 = 168 per thread): the producer holds a
 // thread's 9 raw chunks (36 registers) at once, the consumers 128 accumulators + 16 scores + 8 P +
-// state: 64 * 128 + 224 * 256 = 65536, and neither spills (72 / 208 spilled the consumers).
-constexpr int kProducerRegs = 64;
-constexpr int kConsumerRegs = 224;
+// state: 72 + 2 * 216 = 3 * 168 (56 / 224 spills the producer).
+constexpr int kProducerRegs = 72;
+constexpr int kConsumerRegs = 216;
+constexpr int kEntryRegs = 168;  // __launch_bounds__(384, 1): 65536 / 384, rounded down to 8
+// setmaxnreg only moves registers inside the CTA's pool: the consumers' increase can be served
+// only if the producer's decrease frees at least as much (otherwise setmaxnreg.inc waits forever).
+static_assert(kProducers * kProducerRegs + kConsumers * kConsumerRegs <= kThreads * kEntryRegs,
+              "register reallocation must fit the CTA's entry allocation");
 // Named barrier ids: the score exchange of the consumers, the producer warpgroup, and "warpgroup
 // c's score buffer has been read" (arrived at by the reader, waited for by the writer).
 constexpr uint32_t kExchangeBarrier = 1, kProducerBarrier = 2, kScoresReadBarrier = 3;
