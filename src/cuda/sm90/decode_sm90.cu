@@ -507,10 +507,9 @@ __device__ __forceinline__ void epilogue(const Sm90Params& p, int64_t t, int32_t
 }
 
 // One tile of the consumers' pipeline. `sc` holds Q.K(i) (complete); P.V(i-1) may still run.
-//   scores exchanged (consumer barrier) | softmax into P (beside P.V(i-1)) | rescale (rare: waits
-//   for P.V(i-1)) | Q.K(i+1) into `sc`, then P.V(i), issued back to back | wait for all but
-//   P.V(i): Q.K(i+1) is done and K stage i-1 goes back to the producer; the next tile's exchange
-//   and softmax then run beside P.V(i).
+//   scores exchanged (consumer barrier) | softmax into P (beside P.V(i-1)) | wait for P.V(i-1),
+//   rescale (rare) | Q.K(i+1) into `sc`, then P.V(i), issued back to back | wait for Q.K(i+1); K
+//   stage i-1 goes back to the producer; the next tile's exchange and softmax run beside P.V(i).
 struct ConsumerCtx {
   const Sm90Params& p;
   const SplitWork& w;
@@ -525,18 +524,18 @@ __device__ __forceinline__ void consumer_tile(const ConsumerCtx& x, int32_t i, R
   float alpha[2];
   uint32_t pa[2][4];
   softmax_tile(sc, x.sm.flag_set(i), x.p.scale, x.lane, st, alpha, pa);
-  if (needs_rescale(alpha)) {
-    wgmma_wait<0>();  // P.V(i-1) writes acc
-    wgmma_fence_operands(acc);
-    rescale(acc, alpha);
-  }
+  // P.V(i-1) has run beside the exchange and softmax; wait for it before acc may be rescaled
+  // (wgmma.wait_group must be warpgroup-uniform, the rescale test is only warp-uniform).
+  wgmma_wait<0>();
+  wgmma_fence_operands(acc);
+  if (needs_rescale(alpha)) rescale(acc, alpha);
   if (kMore) {
     mbar_wait(x.sm.full + (i + 1) % kKStages, use_parity<kKStages>(i + 1));
     qk_issue(x.sm, i + 1, x.c, sc);  // the scores of tile i are in pa now
   }
   pv_issue(x.sm, i, x.c, pa, acc);
   if (kMore) {
-    wgmma_wait<1>();  // P.V(i-1), Q.K(i+1)
+    wgmma_wait<1>();  // Q.K(i+1)
     wgmma_fence_operands(sc);
     if (i > 0) mbar_arrive(x.sm.empty + (i - 1) % kKStages);
   }
