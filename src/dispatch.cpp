@@ -172,14 +172,9 @@ Path resolve_decode_device_path(const char* op, Path requested, const void* prob
   return select_gpu_path(gate);
 }
 
-// Where Auto may take the sm90 path, whether it pays for this call. Measured on the H200
-// (docs/PERF.md, sm90 version 2, same run): sm90 is 1.14-1.8x faster with >= 64 heads once the
-// grid has >= 16 CTAs of 64 heads (C4-Pro B >= 8, C4-Flash / C128 B >= 32), and slower at batch 1
-// (one CTA per 64 heads has too little work to hide its prologue) and with 16 heads (the 64-row
-// wgmma tile computes 4x the heads). Deterministic calls never depend on T, so they stay generic.
-bool auto_prefers_sm90(const DecodeParams& p) {
-  const int64_t head_groups = (p.num_heads + 63) / 64;
-  return !p.deterministic && p.num_heads >= 64 && p.num_tokens * head_groups >= 16;
+// Where Auto may take the sm90 path, whether it pays for this call (measured rule: plan.h).
+bool auto_takes_sm90(const DecodeParams& p) {
+  return auto_prefers_sm90(cpu::decode_plan_shape(p), p.deterministic);
 }
 #endif
 
@@ -189,7 +184,7 @@ Path resolve_decode_path(const char* op, const DecodeParams& p) {
   const Path path = resolve_decode_device_path(
       op, p.path, p.out,
       cache_fast_aligned(p.main_cache) && (!p.has_extra || cache_fast_aligned(p.extra_cache)));
-  if (path == Path::CudaSm90 && p.path == Path::Auto && !auto_prefers_sm90(p)) {
+  if (path == Path::CudaSm90 && p.path == Path::Auto && !auto_takes_sm90(p)) {
     return Path::CudaGeneric;
   }
   return path;

@@ -131,6 +131,23 @@ int32_t plan_sm90_tuned(const PlanShape& shape) {
   return std::min(plan_specialised_ref(shape), kSm90TunedMaxSplits);
 }
 
+// Measured (docs/PERF.md, sm90 v3 table): sm90 wins every H >= 64 cell with >= 16 CTAs of 64
+// heads (1.16x at mtp-flash B=8 .. 2.6x at c128-h64 B=32) and the 8-CTA cells with long rows
+// (c128-fixed B=8: 35.0 vs 45.7 us, c128-h64 B=8: 75.7 vs 122.9 us); it loses with 8 CTAs of
+// 640-key rows (c4-flash B=8: 25.2 vs 22.2 us), at batch 1 (1-2 CTAs per row group: the first
+// gather and the combine dominate) and below 64 heads (the 64-row tile computes 4-8x the heads).
+constexpr int64_t kSm90MinCtas = 16;
+constexpr int64_t kSm90MinCtasLongRows = 8;
+constexpr int64_t kSm90LongRowKeys = 2048;
+
+bool auto_prefers_sm90(const PlanShape& shape, bool deterministic) {
+  check_shape("auto_prefers_sm90", shape);
+  if (deterministic || shape.num_heads < 64) return false;
+  const int64_t ctas = shape.num_tokens * ((shape.num_heads + 63) / 64);
+  const int64_t keys = shape.width_main + shape.width_extra;
+  return ctas >= kSm90MinCtas || (ctas >= kSm90MinCtasLongRows && keys >= kSm90LongRowKeys);
+}
+
 int32_t adaptive_one_wave(const PlanShape& shape, int32_t splits) {
   check_shape("adaptive_one_wave", shape);
   SPARSEMLA_CHECK_ARG(splits >= 1, "adaptive_one_wave", "splits", ">= 1", splits);

@@ -301,6 +301,36 @@ TEST(PlanSm90Tuned, RangeAndSanityOnCu132Sweep) {
   });
 }
 
+// The cells of the sm90 v3 table (docs/PERF.md) the `auto` rule was read from: true exactly where
+// sm90 measured faster than the generic path.
+TEST(AutoPrefersSm90, MatchesTheMeasuredCellsOnTheH200) {
+  struct Cell {
+    int64_t T;
+    int32_t H;
+    int64_t main, extra;
+    bool sm90_faster;
+  };
+  const Cell cells[] = {
+      {1, 64, 128, 512, false},    {8, 64, 128, 512, false},    // c4-flash B=1, 8
+      {32, 64, 128, 512, true},    {128, 64, 128, 512, true},   // c4-flash B=32, 128
+      {1, 128, 128, 1024, false},  {8, 128, 128, 1024, true},   // c4-pro B=1, 8
+      {1, 64, 128, 2048, false},   {8, 64, 128, 2048, true},    // c128-fixed B=1, 8
+      {8, 64, 128, 5504, true},    {1, 128, 128, 8019, false},  // c128-h64 B=8, c128-h128 B=1
+      {16, 64, 128, 512, true},                                 // mtp-flash B=8 (T = 16)
+      {128, 16, 128, 1024, false}, {32, 32, 128, 1024, false},  // tp-h16 B=128, tp-h32 B=32
+  };
+  for (const Cell& c : cells) {
+    PlanShape s;
+    s.num_tokens = c.T;
+    s.num_heads = c.H;
+    s.width_main = c.main;
+    s.width_extra = c.extra;
+    s.num_sms = 132;
+    EXPECT_EQ(auto_prefers_sm90(s, false), c.sm90_faster) << text(s);
+    EXPECT_FALSE(auto_prefers_sm90(s, true)) << "deterministic calls stay generic: " << text(s);
+  }
+}
+
 // ---- Adaptive active splits (SPEC 4.5) ----------------------------------------------------------
 
 TEST(AdaptiveSplits, SpecExampleS32OneWave16) {
