@@ -262,8 +262,8 @@ __device__ __forceinline__ bool chunk_has_nan_byte(uint4 v) {
 
 // Two e4m3 bytes of w -> the bf16x2 bits of value * 2^-120: (sign << 15) | ((b & 0x7F) << 4).
 // prmt places byte b in the low byte of a 16-bit lane and its sign, replicated, in the high byte
-// (selector nibbles with bit 3 set); shifting by 4 then puts the sign at bit 15 and the 7 value bits
-// at [4, 11), and one mask clears the sign copies at bits 11..14 (and the bits the shift moved
+// (selector nibbles with bit 3 set); shifting by 4 then puts the sign at bit 15 and the 7 value
+// bits at [4, 11), and one mask clears the sign copies at bits 11..14 (and the bits the shift moved
 // from lane 0 into lane 1). Three instructions per pair (was four with a sign move by multiply).
 template <uint32_t kSel>
 __device__ __forceinline__ uint32_t e4m3x2_scaled_bf16x2(uint32_t w) {

@@ -59,9 +59,9 @@ using cuda::tile_cache;
 using cuda::tile_scrub;
 using cuda::tile_slot;
 
-constexpr int kHeads = 64;                   // wgmma M: heads per CTA
-constexpr int kKeys = cuda::kKeyTile;        // keys per tile (SPEC 4.4 bk)
-constexpr int kDim = Fp8DsMla::kHeadDim;     // 512
+constexpr int kHeads = 64;                // wgmma M: heads per CTA
+constexpr int kKeys = cuda::kKeyTile;     // keys per tile (SPEC 4.4 bk)
+constexpr int kDim = Fp8DsMla::kHeadDim;  // 512
 constexpr int kRawRowBytes = 37 * 16;  // 36 data chunks + pad: rows 148 words apart (conflict-free)
 constexpr int kConsumers = 256;        // warpgroups 0, 1
 constexpr int kProducers = 128;        // warpgroup 2
@@ -77,21 +77,19 @@ constexpr int kRawBytes = kKeys * kRawRowBytes;  // 18944
 constexpr int kScoreBytes = kHeads * kKeys * 4;  // 8192 per warpgroup
 constexpr int kFlagBytes = kKStages * kKeys;
 constexpr int kBarrierBytes = (2 * kKStages + kRawStages) * 8;
-constexpr int kSmemBytes = kQBytes + kKStages * kKBytes + kRawStages * kRawBytes +
-                           2 * kScoreBytes + kFlagBytes + kBarrierBytes;
+constexpr int kSmemBytes = kQBytes + kKStages * kKBytes + kRawStages * kRawBytes + 2 * kScoreBytes +
+                           kFlagBytes + kBarrierBytes;
 static_assert(kSmemBytes <= 227 * 1024, "fits the 227 KiB opt-in of sm_90");
-static_assert((kQBytes + kKStages * kKBytes + kRawStages * kRawBytes + 2 * kScoreBytes +
-               kFlagBytes) %
-                      8 ==
-                  0,
-              "mbarriers are 8-byte aligned");
+static_assert(
+    (kQBytes + kKStages * kKBytes + kRawStages * kRawBytes + 2 * kScoreBytes + kFlagBytes) % 8 == 0,
+    "mbarriers are 8-byte aligned");
 
 using Sm90Params = cuda::DecodeKernelParams;  // the decode kernels' one parameter struct
 
 // Device code exists only in the sm_90a cubin (and the host pass); other targets get an empty
 // kernel.
 #if !defined(__CUDA_ARCH__) || defined(SPARSEMLA_SM90A_DEVICE)
-constexpr int kChunks = kDim / 8;  // 16-byte bf16 chunks per row: 64
+constexpr int kChunks = kDim / 8;                // 16-byte bf16 chunks per row: 64
 constexpr int kRowBytes = Fp8DsMla::kDataBytes;  // 576 copied per key
 // Register split (ptxas budget at entry: 65536 / 384 = 168 per thread): the producer holds a
 // thread's 9 raw chunks (36 registers) at once, the consumers 128 accumulators + 16 scores + 8 P +
@@ -153,11 +151,12 @@ __device__ __forceinline__ int cm_offset(int row, int c, int groups) {
   return (c * groups + row / 8) * 128 + (row % 8) * 16;
 }
 
-// ---- producer: gather and dequantisation (warpgroup 2) -------------------------------------------
-// Producer thread (key = lane, part = warp 0..3) dequantises raw chunks x = part + 4j, j = 0..8, of
-// its key: j < 7 are NoPE chunks of scale tile j, j = 7, 8 the RoPE chunks 28 + part, 32 + part.
-// A warp handles one chunk index for 32 consecutive keys: its 16-byte raw reads (rows 37 chunks
-// apart) and K-stage stores (4 whole core matrices) are conflict-free.
+// ---- producer: gather and dequantisation (warpgroup 2)
+// ------------------------------------------- Producer thread (key = lane, part = warp 0..3)
+// dequantises raw chunks x = part + 4j, j = 0..8, of its key: j < 7 are NoPE chunks of scale tile
+// j, j = 7, 8 the RoPE chunks 28 + part, 32 + part. A warp handles one chunk index for 32
+// consecutive keys: its 16-byte raw reads (rows 37 chunks apart) and K-stage stores (4 whole core
+// matrices) are conflict-free.
 struct ProducerLane {
   int key;
   int part;
@@ -200,8 +199,8 @@ __device__ __forceinline__ void copy_row(const Sm90Params& p, const SplitWork& w
 
 // True when the whole row part takes the fast dequantisation: every scale code of the row is
 // <= kFastMaxCode (all 7 checked: cheaper than selecting) and, when the tile is scrubbed, no NoPE
-// byte is an e4m3 NaN and no RoPE value a bf16 NaN. Unscrubbed tiles (the provenance gate of SPEC 5:
-// the writer guarantees no NaN) skip the per-element NaN checks.
+// byte is an e4m3 NaN and no RoPE value a bf16 NaN. Unscrubbed tiles (the provenance gate of SPEC
+// 5: the writer guarantees no NaN) skip the per-element NaN checks.
 __device__ __forceinline__ bool part_fast(const uint4 (&c)[9], uint2 scale, bool scrub) {
   uint32_t nan8 = 0, nan16 = 0;
 #pragma unroll
@@ -211,8 +210,8 @@ __device__ __forceinline__ bool part_fast(const uint4 (&c)[9], uint2 scale, bool
   }
 #pragma unroll
   for (int j = 7; j < 9; ++j) {
-    nan16 |= cuda::nan_bf16_acc(c[j].x) | cuda::nan_bf16_acc(c[j].y) |
-             cuda::nan_bf16_acc(c[j].z) | cuda::nan_bf16_acc(c[j].w);
+    nan16 |= cuda::nan_bf16_acc(c[j].x) | cuda::nan_bf16_acc(c[j].y) | cuda::nan_bf16_acc(c[j].z) |
+             cuda::nan_bf16_acc(c[j].w);
   }
   const bool clean = (nan8 & cuda::kNanBytesMask) == 0 && (nan16 & cuda::kNanBf16Mask) == 0;
   return (clean || !scrub) && !cuda::any_code_above_fast(scale.x) &&
@@ -221,11 +220,15 @@ __device__ __forceinline__ bool part_fast(const uint4 (&c)[9], uint2 scale, bool
 
 // Byte offsets in the K stage of NoPE raw chunk x (bf16 chunks 2x, 2x+1: dims [16x, +16)) and of
 // RoPE raw chunk x (bf16 chunk 28 + x: dims 448 + 8 (x - 28)).
-__device__ __forceinline__ int nope_lo_offset(int key, int x) { return cm_offset(key, 2 * x, 4); }
+__device__ __forceinline__ int nope_lo_offset(int key, int x) {
+  return cm_offset(key, 2 * x, 4);
+}
 __device__ __forceinline__ int nope_hi_offset(int key, int x) {
   return cm_offset(key, 2 * x + 1, 4);
 }
-__device__ __forceinline__ int rope_offset(int key, int x) { return cm_offset(key, 28 + x, 4); }
+__device__ __forceinline__ int rope_offset(int key, int x) {
+  return cm_offset(key, 28 + x, 4);
+}
 
 // The exact path of a row part (rare: a scale code > kFastMaxCode or a NaN in a scrubbed tile):
 // chunk by chunk from shared memory, not unrolled (keeps the producer's code small).

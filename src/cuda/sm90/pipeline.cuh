@@ -37,10 +37,10 @@ __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
 // Arrival that also announces `bytes` of asynchronous copies completing on this barrier.
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
 #ifdef SPARSEMLA_SM90A_DEVICE
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(
-                   cuda::smem_u32(bar)),
-               "r"(bytes)
-               : "memory");
+  asm volatile(
+      "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(cuda::smem_u32(bar)),
+      "r"(bytes)
+      : "memory");
 #endif
 }
 
