@@ -655,6 +655,13 @@ void sparse_decode(const DecodeParams& p, int32_t num_splits, void* workspace) {
   cuda::check_decode_launch(p, num_splits, workspace);
   opt_in_once();
   const Sm90Params k = cuda::decode_kernel_params(p, num_splits, workspace, /*specialised=*/true);
+  // The producer's cp.async.bulk needs 16-byte aligned rows (the architecture gate routes other
+  // caches to the generic path; this keeps a direct call from faulting).
+  SPARSEMLA_CHECK_ARG(k.main_cache.aligned16 != 0, "sparse_decode", "main_cache",
+                      "base and block_stride 16-byte aligned on the sm90 path", "unaligned");
+  SPARSEMLA_CHECK_ARG(k.extra_list.capacity == 0 || k.extra_cache.aligned16 != 0, "sparse_decode",
+                      "extra_cache", "base and block_stride 16-byte aligned on the sm90 path",
+                      "unaligned");
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(num_splits),
                   static_cast<unsigned>((p.num_heads + kHeads - 1) / kHeads));
