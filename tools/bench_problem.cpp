@@ -106,11 +106,13 @@ void build_all_extra(Problem& pb, const BenchShape& s, std::mt19937_64& rng) {
   const int64_t B = pb.config.batch, W = s.extra_max, cbs = 2;
   std::uniform_int_distribution<int64_t> len_dist(s.extra_min, s.extra_max);
   std::vector<int64_t> len(B);
-  int64_t total_pages = 0;
-  for (auto& l : len) {
-    l = len_dist(rng);
-    total_pages += (l + cbs - 1) / cbs;
+  for (auto& l : len) l = len_dist(rng);
+  if (s.even_lengths) {  // the same total work, every request at the mean length
+    const int64_t mean = (std::accumulate(len.begin(), len.end(), int64_t{0}) + B / 2) / B;
+    std::fill(len.begin(), len.end(), mean);
   }
+  int64_t total_pages = 0;
+  for (const int64_t l : len) total_pages += (l + cbs - 1) / cbs;
   pb.compressed_cache = random_cache(total_pages, static_cast<int32_t>(cbs), kExtraRms, rng);
   const std::vector<int32_t> phys = permutation(total_pages, rng);
   pb.extra_list.width = W;
@@ -133,11 +135,18 @@ void build_all_extra(Problem& pb, const BenchShape& s, std::mt19937_64& rng) {
 }  // namespace
 
 std::vector<BenchShape> standard_bench_shapes() {
-  return {{"c4-flash", 64, 512, 512, false, 1},    {"c4-pro", 128, 1024, 1024, false, 1},
-          {"c128-h64", 64, 2048, 8192, true, 1},   {"c128-h128", 128, 2048, 8192, true, 1},
-          {"c128-fixed", 64, 2048, 2048, true, 1}, {"tp-h8", 8, 1024, 1024, false, 1},
-          {"tp-h16", 16, 1024, 1024, false, 1},    {"tp-h32", 32, 1024, 1024, false, 1},
-          {"mtp-flash", 64, 512, 512, false, 2}};
+  return {{"c4-flash", 64, 512, 512, false, 1},
+          {"c4-pro", 128, 1024, 1024, false, 1},
+          {"c128-h64", 64, 2048, 8192, true, 1},
+          {"c128-h128", 128, 2048, 8192, true, 1},
+          {"c128-fixed", 64, 2048, 2048, true, 1},
+          {"tp-h8", 8, 1024, 1024, false, 1},
+          {"tp-h16", 16, 1024, 1024, false, 1},
+          {"tp-h32", 32, 1024, 1024, false, 1},
+          {"mtp-flash", 64, 512, 512, false, 2},
+          // Load balance (issue 6): c128-h64's lengths drawn the same way, then all set to their
+          // mean: the same total work with equal lengths.
+          {"c128-h64-even", 64, 2048, 8192, true, 1, true}};
 }
 
 BenchShape bench_shape(const std::string& name) {

@@ -5,7 +5,8 @@
 // minutes on the host, and the decode's cost does not depend on how the bytes were produced.
 // Lists follow the measurement method of the incumbent: main = 128 window slots on 64-token pages;
 // extra = distinct random slots on 64-entry pages, or for ratio-128 shapes every entry of the
-// request on 2-entry pages with per-request lengths between extra_min and extra_max.
+// request on 2-entry pages with per-request lengths between extra_min and extra_max (or, for the
+// load-balance companion shape, all equal to the mean of such lengths).
 #pragma once
 
 #include <string>
@@ -22,6 +23,7 @@ struct BenchShape {
   int64_t extra_max;  // == extra_min except for ratio-128 shapes with varying lengths
   bool ratio128;      // extra on 2-entry pages, "all compressed" lists of capacity extra_max
   int32_t mtp;        // query tokens per request
+  bool even_lengths = false;  // ratio-128: every request at the mean of the drawn lengths
 };
 
 std::vector<BenchShape> standard_bench_shapes();

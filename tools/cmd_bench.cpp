@@ -54,7 +54,7 @@ std::string verify_cell(const Problem& pb, const Timing& t, int64_t max_batch) {
 }
 
 void print_header() {
-  std::printf("%-11s %4s %5s %8s %-12s %3s %10s %17s %8s %8s %9s %6s %s\n", "shape", "H", "B",
+  std::printf("%-13s %4s %5s %8s %-12s %3s %10s %17s %8s %8s %9s %6s %s\n", "shape", "H", "B",
               "keys/row", "path", "S", "median_us", "p10..p90_us", "TFLOP/s", "GB/s", "floor_us",
               "%floor", "verify");
 }
@@ -78,7 +78,7 @@ int bench_main(const BenchOptions& o) {
           t = path == Path::Cpu ? time_decode_cpu(pb, o.timing)
                                 : time_decode_cuda(pb, path, o.timing);
         } catch (const Error& e) {
-          std::printf("%-11s %4d %5lld %8s %-12s skipped: %s\n", shape.name.c_str(), shape.heads,
+          std::printf("%-13s %4d %5lld %8s %-12s skipped: %s\n", shape.name.c_str(), shape.heads,
                       static_cast<long long>(batch), "", path_name(path), e.what());
           continue;
         }
@@ -86,7 +86,7 @@ int bench_main(const BenchOptions& o) {
         failures += verdict == "FAIL";
         const double med = t.median();
         std::printf(
-            "%-11s %4d %5lld %8.1f %-12s %3d %10.2f %8.2f..%-8.2f %8.2f %8.1f %9.2f %5.1f%% %s\n",
+            "%-13s %4d %5lld %8.1f %-12s %3d %10.2f %8.2f..%-8.2f %8.2f %8.1f %9.2f %5.1f%% %s\n",
             shape.name.c_str(), shape.heads, static_cast<long long>(batch),
             static_cast<double>(pb.attended_keys) / pb.tokens, path_name(t.path), t.splits,
             med * 1e6, t.quantile(0.1) * 1e6, t.quantile(0.9) * 1e6, flops / med * 1e-12,
