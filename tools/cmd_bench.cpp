@@ -24,6 +24,7 @@ struct BenchOptions {
   std::vector<std::string> shapes;
   std::vector<int64_t> batches{1, 8, 32, 128};
   std::vector<std::string> paths;
+  std::vector<int32_t> splits{0};  // S per cell; 0: the path's planner
   TimingOptions timing;
   int64_t verify_max_batch = 8;
   std::string json;
@@ -53,6 +54,16 @@ std::string verify_cell(const Problem& pb, const Timing& t, int64_t max_batch) {
   return v.passed ? "PASS" : "FAIL";
 }
 
+// Every (path, S) pair of a shape and batch, path-major.
+std::vector<std::pair<Path, int32_t>> cells(const std::vector<Path>& paths,
+                                            const std::vector<int32_t>& splits) {
+  std::vector<std::pair<Path, int32_t>> out;
+  for (Path path : paths) {
+    for (int32_t s : splits) out.emplace_back(path, s);
+  }
+  return out;
+}
+
 void print_header() {
   std::printf("%-13s %4s %5s %8s %-12s %3s %10s %17s %8s %8s %9s %6s %s\n", "shape", "H", "B",
               "keys/row", "path", "S", "median_us", "p10..p90_us", "TFLOP/s", "GB/s", "floor_us",
@@ -72,11 +83,12 @@ int bench_main(const BenchOptions& o) {
       const Problem pb = build_bench_problem(shape, batch, o.seed);
       const double flops = pb.flops(), bytes = pb.bytes();
       const double floor_s = std::max(bytes / kPeakBytesPerSecond, flops / kPeakFlops);
-      for (Path path : paths) {
+      for (const auto& [path, splits] : cells(paths, o.splits)) {
+        TimingOptions timing = o.timing;
+        timing.splits = splits;
         Timing t;
         try {
-          t = path == Path::Cpu ? time_decode_cpu(pb, o.timing)
-                                : time_decode_cuda(pb, path, o.timing);
+          t = path == Path::Cpu ? time_decode_cpu(pb, timing) : time_decode_cuda(pb, path, timing);
         } catch (const Error& e) {
           std::printf("%-13s %4d %5lld %8s %-12s skipped: %s\n", shape.name.c_str(), shape.heads,
                       static_cast<long long>(batch), "", path_name(path), e.what());
@@ -125,6 +137,10 @@ void register_bench(CLI::App& app) {
                   "paths: cpu, cuda-generic, cuda-sm90 (default: GPU paths if a "
                   "GPU is present, else cpu)")
       ->delimiter(',');
+  cmd->add_option("--splits", o.splits,
+                  "split counts S to time (0: the path's planner; default 0), e.g. 0,4,8,16")
+      ->delimiter(',')
+      ->check(CLI::Range(0, 65535));
   cmd->add_option("--reps", o.timing.reps, "timed calls per cell")->check(CLI::Range(1, 100000));
   cmd->add_option("--warmup", o.timing.warmup, "untimed calls first")->check(CLI::Range(0, 100000));
   cmd->add_option("--flush-mb", o.timing.flush_bytes, "bytes written before each GPU call (MiB)")
