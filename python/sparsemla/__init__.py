@@ -18,7 +18,8 @@ if not _os.environ.get("SPARSEMLA_NO_TORCH"):
 
 from . import _C  # noqa: E402
 from ._ops import (BYTES_PER_TOKEN, DEFAULT_SCALE, INDEXER_BYTES_PER_TOKEN, Error,
-                   adaptive_active_splits, adaptive_one_wave, alloc_ragged, bf16_bits_to_float,
+                   adaptive_active_splits, adaptive_one_wave, alloc_ragged, auto_prefers_sm90,
+                   bf16_bits_to_float,
                    build_compressed_all_lists, build_ragged_from_dense, build_rope_table,
                    build_topk_lists, build_window_lists, built_with_cuda, compress,
                    compress_indexer, decode_num_splits, dequantize_indexer_rows, dequantize_rows,
@@ -42,7 +43,7 @@ from . import flashmla  # noqa: E402
 __all__ = [
     "BYTES_PER_TOKEN", "DEFAULT_SCALE", "INDEXER_BYTES_PER_TOKEN", "Error", "HAS_TORCH_OPS",
     "__version__", "adaptive_active_splits", "adaptive_one_wave", "alloc_ragged",
-    "bf16_bits_to_float", "build_compressed_all_lists", "build_ragged_from_dense",
+    "auto_prefers_sm90", "bf16_bits_to_float", "build_compressed_all_lists", "build_ragged_from_dense",
     "build_rope_table", "build_topk_lists", "build_window_lists", "built_with_cuda", "compress",
     "compress_indexer", "decode_num_splits", "dequantize_indexer_rows", "dequantize_rows",
     "flashmla", "float_to_bf16_bits", "gather_indexer_keys", "inverse_rope", "is_supported",

@@ -539,6 +539,15 @@ def plan_sm90_tuned(num_tokens, num_heads, width_main, width_extra, num_sms):
     return _C.plan("sm90-tuned", num_tokens, num_heads, width_main, width_extra, num_sms)
 
 
+def auto_prefers_sm90(num_tokens, num_heads, width_main, width_extra, num_sms=132,
+                      deterministic=False):
+    """Whether ``path="auto"`` takes the sm90 kernels where the architecture gate allows them: where
+    they were measured faster than the generic ones on the H200 (>= 64 heads, not deterministic,
+    and >= 16 CTAs of 64 heads or >= 8 with rows of >= 2048 keys; docs/PERF.md)."""
+    return _C.auto_prefers_sm90(num_tokens, num_heads, width_main, width_extra, num_sms,
+                                bool(deterministic))
+
+
 def plan_iters(width_main, width_extra, s):
     """iters(s) of SPEC 4.4: key blocks of 32 per split over both lists."""
     return _C.plan_iters(width_main, width_extra, s)

@@ -1061,6 +1061,13 @@ NB_MODULE(_C, m) {
       },
       "planner"_a, "num_tokens"_a, "num_heads"_a, "width_main"_a, "width_extra"_a, "num_sms"_a);
   m.def(
+      "auto_prefers_sm90",
+      [](int64_t t, int32_t h, int64_t wm, int64_t we, int32_t sms, bool deterministic) {
+        return auto_prefers_sm90(plan_shape(t, h, wm, we, sms), deterministic);
+      },
+      "num_tokens"_a, "num_heads"_a, "width_main"_a, "width_extra"_a, "num_sms"_a,
+      "deterministic"_a);
+  m.def(
       "adaptive_one_wave",
       [](int64_t t, int32_t h, int64_t wm, int64_t we, int32_t sms, int32_t splits) {
         return adaptive_one_wave(plan_shape(t, h, wm, we, sms), splits);

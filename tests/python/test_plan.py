@@ -43,6 +43,15 @@ def test_planners_match_spec_formulas_on_random_shapes(rng):
         assert sparsemla.plan_iters(wm, we, s) == ref._iters(wm, we, s)
 
 
+def test_auto_prefers_sm90_measured_cells():
+    # (T, H, width_main, width_extra) -> sm90 measured faster on the H200 (docs/PERF.md, v3 table).
+    cells = [((8, 64, 128, 512), False), ((32, 64, 128, 512), True), ((8, 128, 128, 1024), True),
+             ((8, 64, 128, 2048), True), ((1, 128, 128, 8192), False), ((128, 16, 128, 1024), False)]
+    for (t, h, wm, we), want in cells:
+        assert sparsemla.auto_prefers_sm90(t, h, wm, we) == want
+        assert not sparsemla.auto_prefers_sm90(t, h, wm, we, deterministic=True)
+
+
 def test_adaptive_active_splits_spec_example():
     assert [sparsemla.adaptive_active_splits(1, e, 32, 16) for e in (64, 512, 1536)] == [4, 16, 32]
     assert sparsemla.adaptive_active_splits(1, 64, 2, 16) == 2  # never above S
