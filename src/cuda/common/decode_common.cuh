@@ -358,6 +358,14 @@ __device__ __forceinline__ float finish_factor(float sum_wl, float big_m, const 
   return total > 0.0f ? 1.0f / fmaxf(total, 1e-30f) : 0.0f;
 }
 
+// The multiplier of acc that finishes a row computed by a single split (S == 1, done in place by
+// the partial kernels): the combine above with one split of running max m and sum l.
+__device__ __forceinline__ float one_split_coef(float m, float l, const float* sink, int32_t h) {
+  const float big_m = finish_max(m, sink, h);
+  const float w = split_weight(m, big_m);
+  return w * finish_factor(w * l, big_m, sink, h);
+}
+
 // lse without the sink: M' + ln(L') over the active splits, +inf when L' = 0.
 __device__ __forceinline__ float finish_lse(float max_m, float sum_l) {
   return sum_l > 0.0f ? max_m + logf(sum_l) : __uint_as_float(0x7F800000u);

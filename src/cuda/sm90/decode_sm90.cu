@@ -495,9 +495,7 @@ __device__ __forceinline__ void epilogue(const Sm90Params& p, int64_t t, int32_t
       }
     } else {
       const FinishParams& f = p.finish;
-      const float big_m = cuda::finish_max(m, f.sink, h0 + row);
-      const float wgt = cuda::split_weight(m, big_m);
-      const float coef = wgt * cuda::finish_factor(wgt * l, big_m, f.sink, h0 + row);
+      const float coef = cuda::one_split_coef(m, l, f.sink, h0 + row);
       if (c == 0 && t2 == 0) cuda::store_lse(f, t, h0 + row, cuda::finish_lse(m, l));
 #pragma unroll
       for (int j = 0; j < 32; ++j) {
