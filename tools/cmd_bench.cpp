@@ -54,20 +54,51 @@ std::string verify_cell(const Problem& pb, const Timing& t, int64_t max_batch) {
   return v.passed ? "PASS" : "FAIL";
 }
 
-// Every (path, S) pair of a shape and batch, path-major.
-std::vector<std::pair<Path, int32_t>> cells(const std::vector<Path>& paths,
-                                            const std::vector<int32_t>& splits) {
-  std::vector<std::pair<Path, int32_t>> out;
-  for (Path path : paths) {
-    for (int32_t s : splits) out.emplace_back(path, s);
-  }
-  return out;
-}
-
 void print_header() {
   std::printf("%-13s %4s %5s %8s %-12s %3s %10s %17s %8s %8s %9s %6s %s\n", "shape", "H", "B",
               "keys/row", "path", "S", "median_us", "p10..p90_us", "TFLOP/s", "GB/s", "floor_us",
               "%floor", "verify");
+}
+
+// One cell (shape, batch, path, S): times it, prints its row and appends its JSON record; false
+// when its verification failed.
+bool bench_cell(const BenchShape& shape, int64_t batch, const Problem& pb, Path path,
+                int32_t splits, const BenchOptions& o, nlohmann::json& results) {
+  const double flops = pb.flops(), bytes = pb.bytes();
+  const double floor_s = std::max(bytes / kPeakBytesPerSecond, flops / kPeakFlops);
+  TimingOptions timing = o.timing;
+  timing.splits = splits;
+  Timing t;
+  try {
+    t = path == Path::Cpu ? time_decode_cpu(pb, timing) : time_decode_cuda(pb, path, timing);
+  } catch (const Error& e) {
+    std::printf("%-13s %4d %5lld %8s %-12s skipped: %s\n", shape.name.c_str(), shape.heads,
+                static_cast<long long>(batch), "", path_name(path), e.what());
+    return true;
+  }
+  const std::string verdict = verify_cell(pb, t, o.verify_max_batch);
+  const double med = t.median();
+  std::printf("%-13s %4d %5lld %8.1f %-12s %3d %10.2f %8.2f..%-8.2f %8.2f %8.1f %9.2f %5.1f%% %s\n",
+              shape.name.c_str(), shape.heads, static_cast<long long>(batch),
+              static_cast<double>(pb.attended_keys) / pb.tokens, path_name(t.path), t.splits,
+              med * 1e6, t.quantile(0.1) * 1e6, t.quantile(0.9) * 1e6, flops / med * 1e-12,
+              bytes / med * 1e-9, floor_s * 1e6, 100.0 * floor_s / med, verdict.c_str());
+  std::fflush(stdout);
+  results.push_back({{"shape", shape.name},
+                     {"heads", shape.heads},
+                     {"batch", batch},
+                     {"mtp", shape.mtp},
+                     {"path", path_name(t.path)},
+                     {"splits", t.splits},
+                     {"median_us", med * 1e6},
+                     {"p10_us", t.quantile(0.1) * 1e6},
+                     {"p90_us", t.quantile(0.9) * 1e6},
+                     {"tflops", flops / med * 1e-12},
+                     {"gbps", bytes / med * 1e-9},
+                     {"floor_us", floor_s * 1e6},
+                     {"floor_fraction", floor_s / med},
+                     {"verify", verdict}});
+  return verdict != "FAIL";
 }
 
 int bench_main(const BenchOptions& o) {
@@ -81,43 +112,10 @@ int bench_main(const BenchOptions& o) {
   for (const auto& shape : shapes) {
     for (int64_t batch : o.batches) {
       const Problem pb = build_bench_problem(shape, batch, o.seed);
-      const double flops = pb.flops(), bytes = pb.bytes();
-      const double floor_s = std::max(bytes / kPeakBytesPerSecond, flops / kPeakFlops);
-      for (const auto& [path, splits] : cells(paths, o.splits)) {
-        TimingOptions timing = o.timing;
-        timing.splits = splits;
-        Timing t;
-        try {
-          t = path == Path::Cpu ? time_decode_cpu(pb, timing) : time_decode_cuda(pb, path, timing);
-        } catch (const Error& e) {
-          std::printf("%-13s %4d %5lld %8s %-12s skipped: %s\n", shape.name.c_str(), shape.heads,
-                      static_cast<long long>(batch), "", path_name(path), e.what());
-          continue;
+      for (Path path : paths) {
+        for (int32_t splits : o.splits) {
+          failures += bench_cell(shape, batch, pb, path, splits, o, results) ? 0 : 1;
         }
-        const std::string verdict = verify_cell(pb, t, o.verify_max_batch);
-        failures += verdict == "FAIL";
-        const double med = t.median();
-        std::printf(
-            "%-13s %4d %5lld %8.1f %-12s %3d %10.2f %8.2f..%-8.2f %8.2f %8.1f %9.2f %5.1f%% %s\n",
-            shape.name.c_str(), shape.heads, static_cast<long long>(batch),
-            static_cast<double>(pb.attended_keys) / pb.tokens, path_name(t.path), t.splits,
-            med * 1e6, t.quantile(0.1) * 1e6, t.quantile(0.9) * 1e6, flops / med * 1e-12,
-            bytes / med * 1e-9, floor_s * 1e6, 100.0 * floor_s / med, verdict.c_str());
-        std::fflush(stdout);
-        results.push_back({{"shape", shape.name},
-                           {"heads", shape.heads},
-                           {"batch", batch},
-                           {"mtp", shape.mtp},
-                           {"path", path_name(t.path)},
-                           {"splits", t.splits},
-                           {"median_us", med * 1e6},
-                           {"p10_us", t.quantile(0.1) * 1e6},
-                           {"p90_us", t.quantile(0.9) * 1e6},
-                           {"tflops", flops / med * 1e-12},
-                           {"gbps", bytes / med * 1e-9},
-                           {"floor_us", floor_s * 1e6},
-                           {"floor_fraction", floor_s / med},
-                           {"verify", verdict}});
       }
     }
   }
