@@ -810,6 +810,41 @@ TEST_P(GpuDecode, FusedInverseRopeMatchesReferenceAndStandalone) {
   }
 }
 
+// The output store widths of the in-place finish (S = 1) and of the combine: 16-byte chunks
+// (contiguous), bf16 pairs (even strides that are not multiples of 8) and single elements (odd
+// token stride), with fused inverse RoPE, sink and lse; H = 64 fills a whole sm90 head group.
+TEST_P(GpuDecode, OutputLayoutsEveryStoreWidth) {
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  struct Layout {
+    const char* name;
+    int64_t out_pad;  // elements after each head row
+    int64_t token_extra;
+    bool contiguous;
+  };
+  for (const Layout& l : {Layout{"chunks", 0, 0, true}, Layout{"pairs", 2, 2, false},
+                          Layout{"elements", 0, 3, false}}) {
+    SCOPED_TRACE(l.name);
+    CaseSpec s;
+    s.T = 3;
+    s.H = 64;
+    s.main = cache_spec(64, 3);
+    s.extra = cache_spec(64, 6);
+    s.extra_lengths = filled(3, 256);
+    s.positions = true;
+    s.out_pad = l.out_pad;
+    DecodeCase c = make_case(rng, s, l.contiguous);
+    if (!l.contiguous) c.out_stride_token = c.H * c.out_stride_head + l.token_extra;
+    const DeviceCase d(c);
+    const RefRun ref = reference(c);
+    for (int32_t split : {1, 4}) {
+      SCOPED_TRACE("S=" + std::to_string(split));
+      expect_matches(c, run_gpu(c, d, split), ref);
+    }
+  }
+}
+
 // Page sizes 64 (engine padded), 2, 61 with the unpadded stride (8 mod 16), odd page padding and
 // cache bases moved off 16-byte alignment: the last three take the byte-wise loads.
 TEST_P(GpuDecode, PageSizesAndUnalignedCaches) {

@@ -59,8 +59,9 @@ struct FinishParams {
   __nv_bfloat16* out;        // [T, H, 512]
   int64_t out_stride_token;  // elements
   int64_t out_stride_head;
-  int32_t out_pair_aligned;  // out and both strides allow 4-byte (bf16 pair) stores
-  float* lse;                // [T, H] or null
+  int32_t out_pair_aligned;   // out and both strides allow 4-byte (bf16 pair) stores
+  int32_t out_chunk_aligned;  // out and both strides allow 16-byte (8 x bf16) stores
+  float* lse;                 // [T, H] or null
   int64_t lse_stride_token;
   int64_t lse_stride_head;
 };
@@ -116,6 +117,10 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 }
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(smem)), "l"(gmem));
+}
+// 4 bytes (both addresses 4-byte aligned), through L1: small tables read once per CTA.
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_u32(smem)), "l"(gmem));
 }
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -358,12 +363,20 @@ __device__ __forceinline__ float finish_factor(float sum_wl, float big_m, const 
   return total > 0.0f ? 1.0f / fmaxf(total, 1e-30f) : 0.0f;
 }
 
+// Head h's sink as a value: -inf when there is none (max(m, -inf) = m and exp(-inf - M) = 0, so
+// the finish below gives the same bits as without a sink). Lets a kernel load it long before use.
+__device__ __forceinline__ float sink_value(const float* sink, int32_t h) {
+  return sink != nullptr ? __ldg(sink + h) : -__int_as_float(0x7F800000);
+}
+
 // The multiplier of acc that finishes a row computed by a single split (S == 1, done in place by
-// the partial kernels): the combine above with one split of running max m and sum l.
-__device__ __forceinline__ float one_split_coef(float m, float l, const float* sink, int32_t h) {
-  const float big_m = finish_max(m, sink, h);
+// the partial kernels): the combine above with one split of running max m and sum l; sink_v from
+// sink_value.
+__device__ __forceinline__ float one_split_coef(float m, float l, float sink_v) {
+  const float big_m = fmaxf(m, sink_v);
   const float w = split_weight(m, big_m);
-  return w * finish_factor(w * l, big_m, sink, h);
+  const float total = w * l + __expf(sink_v - big_m);
+  return w * (total > 0.0f ? 1.0f / fmaxf(total, 1e-30f) : 0.0f);
 }
 
 // lse without the sink: M' + ln(L') over the active splits, +inf when L' = 0.
@@ -371,12 +384,17 @@ __device__ __forceinline__ float finish_lse(float max_m, float sum_l) {
   return sum_l > 0.0f ? max_m + logf(sum_l) : __uint_as_float(0x7F800000u);
 }
 
-// cos / sin of RoPE pair k at the query position of row t (clamped into the table: a GPU
-// precondition, but never an out-of-bounds read).
-__device__ __forceinline__ float2 rope_cos_sin(const FinishParams& f, int64_t t, int k) {
+// The RoPE table row (cos x32 | sin x32) at the query position of row t, clamped into the table (a
+// GPU precondition, but never an out-of-bounds read).
+__device__ __forceinline__ const float* rope_row(const FinishParams& f, int64_t t) {
   int64_t pos = __ldg(f.positions + t);
   pos = pos < 0 ? 0 : (pos >= f.rope_rows ? f.rope_rows - 1 : pos);
-  const float* row = f.rope + pos * f.rope_stride;
+  return f.rope + pos * f.rope_stride;
+}
+
+// cos / sin of RoPE pair k at the query position of row t.
+__device__ __forceinline__ float2 rope_cos_sin(const FinishParams& f, int64_t t, int k) {
+  const float* row = rope_row(f, t);
   return make_float2(__ldg(row + k), __ldg(row + 32 + k));
 }
 

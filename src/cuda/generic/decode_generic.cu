@@ -227,6 +227,7 @@ FinishParams finish_params(const DecodeParams& p) {
   f.out_stride_token = out_token;
   f.out_stride_head = p.out_stride_head;
   f.out_pair_aligned = aligned(p.out, 4) && out_token % 2 == 0 && p.out_stride_head % 2 == 0;
+  f.out_chunk_aligned = aligned(p.out, 16) && out_token % 8 == 0 && p.out_stride_head % 8 == 0;
   f.lse = p.lse;
   f.lse_stride_token = p.lse_stride_token != 0 ? p.lse_stride_token : p.num_heads;
   f.lse_stride_head = p.lse_stride_head;

@@ -572,7 +572,7 @@ __device__ __forceinline__ void finish_rows(const PartialParams& p, const Smem<H
   if (tid < heads) {
     const float l_raw = sm.row_l[tid];
     const float m = l_raw > 0.0f ? sm.row_m[tid] : kNoScore, l = l_raw > 0.0f ? l_raw : 0.0f;
-    sm.row_coef[tid] = cuda::one_split_coef(m, l, f.sink, h0 + tid);
+    sm.row_coef[tid] = cuda::one_split_coef(m, l, cuda::sink_value(f.sink, h0 + tid));
     cuda::store_lse(f, t, h0 + tid, cuda::finish_lse(m, l));
   }
   __syncthreads();

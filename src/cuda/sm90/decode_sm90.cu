@@ -3,10 +3,11 @@
 // One CTA (384 threads = 3 warpgroups, 1 per SM) owns one query row t, one split s and a group of
 // 64 heads (rows past H are zero and never written).
 //   - Warpgroup 2, the producer (72 registers after setmaxnreg) copies each key's 576-byte row with
-//     one cp.async.bulk into a 2-stage raw ring, two tiles ahead (completion on the stage's
-//     `raw_full` mbarrier); its four warps dequantise the rows (FP8 x UE8M0 -> bf16 by
-//     bit placement and one bf16x2 multiply; NaN bytes and large codes take the exact path and the
-//     scrub) into a 3-stage bf16 K ring and publish a stage with its `full` mbarrier.
+//     one cp.async.bulk (and its scale word with a cp.async) into a 2-stage raw ring, two tiles
+//     ahead (completion on the stage's `raw_full` mbarrier); its four warps dequantise the rows
+//     (FP8 x UE8M0 -> bf16 by bit placement and one bf16x2 multiply; NaN bytes and large codes take
+//     the exact path and the scrub) into a 3-stage bf16 K ring and publish a stage with its `full`
+//     mbarrier.
 //   - Warpgroups 0 and 1, the consumers (216 registers): warpgroup c computes Q.K over dims
 //     [256c, +256) with wgmma m64n32k16 (Q and K from shared memory), the two partial score sets
 //     are summed through shared memory, the online softmax runs in registers (lazy rescale, bf16
@@ -19,11 +20,13 @@
 // dequantiser's 16-byte stores and the raw-row reads are bank-conflict free):
 //   Q       64 heads x 512 dims bf16, core matrix (head group g, dim chunk c) at (8c + g) * 128
 //   K[3]    32 keys x 512 dims bf16, core matrix (key group g, dim chunk c) at (4c + g) * 128
-//   raw[2]  32 keys x 592 B (576 data bytes + pad: rows 37 chunks apart, conflict-free)
+//   raw[2]  32 keys x 592 B (576 data bytes, the 8-byte scale word, pad: rows 37 chunks apart,
+//           conflict-free)
 //   S[2]    partial scores, 64 x 32 fp32 per consumer warpgroup, fragment order
-//   flags[3][32], mbarriers full[3], empty[3], raw_full[2]
-// Epilogue as the generic path: S > 1 writes the partials m, l, acc (combined by the generic
-// combine kernel, launched with programmatic dependent launch), S == 1 finishes the rows in place.
+//   flags[3][32], rope[64] (cos / sin), mbarriers full[3], empty[3], raw_full[2]
+// Epilogue: S > 1 writes the partials m, l, acc (combined by the generic combine kernel, launched
+// with programmatic dependent launch); S == 1 finishes the rows in place (sink and RoPE cos / sin
+// loaded with Q), stages them as bf16 in the Q buffer and writes 16-byte chunks.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -62,9 +65,10 @@ using cuda::tile_slot;
 constexpr int kHeads = 64;                // wgmma M: heads per CTA
 constexpr int kKeys = cuda::kKeyTile;     // keys per tile (SPEC 4.4 bk)
 constexpr int kDim = Fp8DsMla::kHeadDim;  // 512
-constexpr int kRawRowBytes = 37 * 16;  // 36 data chunks + pad: rows 148 words apart (conflict-free)
-constexpr int kConsumers = 256;        // warpgroups 0, 1
-constexpr int kProducers = 128;        // warpgroup 2
+// 36 data chunks + the scale word (8 bytes) + pad: rows 148 words apart (conflict-free)
+constexpr int kRawRowBytes = 37 * 16;
+constexpr int kConsumers = 256;  // warpgroups 0, 1
+constexpr int kProducers = 128;  // warpgroup 2
 constexpr int kThreads = kConsumers + kProducers;
 // Three K stages let the producer run two tiles ahead of the tensor work; the raw ring then fits
 // two stages (copies two tiles ahead of the dequantisation) and the score exchange one buffer.
@@ -76,13 +80,16 @@ constexpr int kKBytes = kKeys * kDim * 2;        // 32768
 constexpr int kRawBytes = kKeys * kRawRowBytes;  // 18944
 constexpr int kScoreBytes = kHeads * kKeys * 4;  // 8192 per warpgroup
 constexpr int kFlagBytes = kKStages * kKeys;
+constexpr int kRopeBytes = 64 * 4;  // cos x32 | sin x32 of the row's position (fused inverse RoPE)
 constexpr int kBarrierBytes = (2 * kKStages + kRawStages) * 8;
 constexpr int kSmemBytes = kQBytes + kKStages * kKBytes + kRawStages * kRawBytes + 2 * kScoreBytes +
-                           kFlagBytes + kBarrierBytes;
+                           kFlagBytes + kRopeBytes + kBarrierBytes;
 static_assert(kSmemBytes <= 227 * 1024, "fits the 227 KiB opt-in of sm_90");
-static_assert(
-    (kQBytes + kKStages * kKBytes + kRawStages * kRawBytes + 2 * kScoreBytes + kFlagBytes) % 8 == 0,
-    "mbarriers are 8-byte aligned");
+static_assert((kQBytes + kKStages * kKBytes + kRawStages * kRawBytes + 2 * kScoreBytes +
+               kFlagBytes + kRopeBytes) %
+                      8 ==
+                  0,
+              "mbarriers are 8-byte aligned");
 
 using Sm90Params = cuda::DecodeKernelParams;  // the decode kernels' one parameter struct
 
@@ -91,6 +98,8 @@ using Sm90Params = cuda::DecodeKernelParams;  // the decode kernels' one paramet
 #if !defined(__CUDA_ARCH__) || defined(SPARSEMLA_SM90A_DEVICE)
 constexpr int kChunks = kDim / 8;                // 16-byte bf16 chunks per row: 64
 constexpr int kRowBytes = Fp8DsMla::kDataBytes;  // 576 copied per key
+static_assert(kRowBytes + Fp8DsMla::kScaleBytes <= kRawRowBytes,
+              "a raw row holds data + scale word");
 // Register split (ptxas budget at entry: 65536 / 384 = 168 per thread): the producer holds a
 // thread's 9 raw chunks (36 registers) at once, the consumers 128 accumulators + 16 scores + 8 P +
 // state: 72 + 2 * 216 = 3 * 168 (56 / 224 spills the producer).
@@ -111,6 +120,7 @@ struct Smem {
   unsigned char* raw;  // [kRawStages][kRawBytes]
   float* scores;       // [2 warpgroups][64 x 32]
   uint8_t* flags;      // [kKStages][32]
+  float* rope;         // [64]: cos x32 | sin x32 at the row's position (loaded with Q)
   uint64_t* full;      // [kKStages]: K stage written (count: 128 producer threads)
   uint64_t* empty;     // [kKStages]: K stage read (count: 256 consumer threads)
   uint64_t* raw_full;  // [kRawStages]: rows landed (count: 32 copying lanes + bytes)
@@ -133,7 +143,8 @@ __device__ __forceinline__ Smem carve(unsigned char* base) {
   s.raw = s.k + kKStages * kKBytes;
   s.scores = reinterpret_cast<float*>(s.raw + kRawStages * kRawBytes);
   s.flags = reinterpret_cast<uint8_t*>(s.scores + 2 * kHeads * kKeys);
-  s.full = reinterpret_cast<uint64_t*>(s.flags + kFlagBytes);
+  s.rope = reinterpret_cast<float*>(s.flags + kFlagBytes);
+  s.full = reinterpret_cast<uint64_t*>(s.rope + kRopeBytes / 4);
   s.empty = s.full + kKStages;
   s.raw_full = s.empty + kKStages;
   return s;
@@ -162,27 +173,20 @@ struct ProducerLane {
   int part;
 };
 
-// A tile's scale word and validity for this thread's key (registers, loaded a tile ahead).
-struct RowMeta {
-  uint2 scale;  // 7 UE8M0 codes + pad; zero for an invalid key
-  bool valid;
-};
-
-__device__ __forceinline__ RowMeta load_meta(const Sm90Params& p, const SplitWork& w, int32_t i,
-                                             int32_t slot) {
-  RowMeta meta{make_uint2(0, 0), false};
-  if (i >= w.tiles) return meta;
-  const DeviceCache& cache = tile_cache(p, w, i);
-  const cuda::RowOffsets off = cuda::row_offsets32(cache, slot);
-  meta.valid = off.data >= 0;
-  if (meta.valid) meta.scale = __ldg(reinterpret_cast<const uint2*>(cache.base + off.scale));
-  return meta;
+// Whether this thread's key of tile i names a row of its cache (computed from the slot id, a tile
+// ahead; the row's scale word arrives with its data in the raw stage).
+__device__ __forceinline__ bool key_valid(const Sm90Params& p, const SplitWork& w, int32_t i,
+                                          int32_t slot) {
+  return i < w.tiles && cuda::row_offsets32(tile_cache(p, w, i), slot).data >= 0;
 }
 
-// The bulk copy of key `key`'s row of tile i (nothing past the last tile), by the producer thread
-// of that key with part == key / 8: 8 copying lanes per warp (cp.async.bulk takes uniform
-// operands, so a warp issues its copies one lane at a time). Every key arrives on the stage's
-// barrier, a valid row with its 576 bytes.
+// The copies of key `key`'s row of tile i (nothing past the last tile), by the producer thread of
+// that key with part == key / 8: the 576 data bytes with one cp.async.bulk (8 copying lanes per
+// warp: it takes uniform operands, so a warp issues its copies one lane at a time) and the 8-byte
+// scale word with a cp.async into the row's pad. Every key arrives once on the stage's barrier: an
+// invalid one at once, a valid one when its scale word has landed (and the barrier also waits for
+// its 576 bytes). The scale word used to be a register load whose latency the producer paid every
+// tile (ncu: the producer's largest long-scoreboard stall).
 __device__ __forceinline__ void copy_row(const Sm90Params& p, const SplitWork& w, int32_t i,
                                          int32_t slot, const Smem& sm, int key) {
   if (i >= w.tiles) return;
@@ -193,8 +197,11 @@ __device__ __forceinline__ void copy_row(const Sm90Params& p, const SplitWork& w
     mbar_arrive(bar);
     return;
   }
-  mbar_arrive_expect_tx(bar, kRowBytes);
-  bulk_copy_g2s(sm.raw_stage(i) + key * kRawRowBytes, cache.base + off.data, kRowBytes, bar);
+  unsigned char* row = sm.raw_stage(i) + key * kRawRowBytes;
+  mbar_expect_tx(bar, kRowBytes);
+  bulk_copy_g2s(row, cache.base + off.data, kRowBytes, bar);
+  cp_async8(row + kRowBytes, cache.base + off.scale);
+  cp_async_mbar_arrive(bar);
 }
 
 // True when the whole row part takes the fast dequantisation: every scale code of the row is
@@ -252,12 +259,12 @@ __device__ __noinline__ void convert_part_exact(const unsigned char* row, unsign
 // Tile i: this thread's raw chunks -> the bf16 K stage (core-matrix layout), zeros for an invalid
 // key (finite under P = 0); key flag by part 0. The 9 chunks are loaded first and checked once, so
 // the common case runs as straight-line code with 7 independent dequantisation chains.
-__device__ __forceinline__ void convert_rows(const Smem& sm, int32_t i, bool scrub, RowMeta meta,
+__device__ __forceinline__ void convert_rows(const Smem& sm, int32_t i, bool scrub, bool valid,
                                              ProducerLane g) {
   const unsigned char* row = sm.raw_stage(i) + g.key * kRawRowBytes;
   unsigned char* kst = sm.k_stage(i);
-  if (g.part == 0) sm.flag_set(i)[g.key] = meta.valid ? 1 : 0;
-  if (!meta.valid) {
+  if (g.part == 0) sm.flag_set(i)[g.key] = valid ? 1 : 0;
+  if (!valid) {
     const uint4 zero = make_uint4(0, 0, 0, 0);
 #pragma unroll
     for (int j = 0; j < 9; ++j) {
@@ -274,15 +281,16 @@ __device__ __forceinline__ void convert_rows(const Smem& sm, int32_t i, bool scr
   uint4 c[9];
 #pragma unroll
   for (int j = 0; j < 9; ++j) c[j] = *reinterpret_cast<const uint4*>(row + 16 * (g.part + 4 * j));
-  if (!part_fast(c, meta.scale, scrub)) {
-    convert_part_exact(row, kst, meta.scale, scrub, g);
+  const uint2 scale = *reinterpret_cast<const uint2*>(row + kRowBytes);  // 7 codes + pad
+  if (!part_fast(c, scale, scrub)) {
+    convert_part_exact(row, kst, scale, scrub, g);
     return;
   }
 #pragma unroll
   for (int j = 0; j < 7; ++j) {
     const int x = g.part + 4 * j;
     uint4 lo, hi;
-    cuda::dequant_nope16_fast(c[j], cuda::scale_code(meta.scale, j), &lo, &hi);
+    cuda::dequant_nope16_fast(c[j], cuda::scale_code(scale, j), &lo, &hi);
     *reinterpret_cast<uint4*>(kst + nope_lo_offset(g.key, x)) = lo;
     *reinterpret_cast<uint4*>(kst + nope_hi_offset(g.key, x)) = hi;
   }
@@ -295,11 +303,11 @@ __device__ __forceinline__ void convert_rows(const Smem& sm, int32_t i, bool scr
 // The producer's tile loop. Per tile i: wait for its rows (raw_full) and a free K stage (empty),
 // dequantise, async-proxy fence (MEMBAR.CTA: it waits for this thread's outstanding loads, which
 // were issued a whole tile earlier), publish (full); after a producer-only barrier (every warp
-// has read raw stage i) the rows of tile i + 2 are copied into it. Slot ids run four
-// tiles ahead, the scale words two.
+// has read raw stage i) the rows of tile i + 2 are copied into it. Slot ids run four tiles ahead;
+// key validity is computed from them two tiles ahead.
 __device__ __forceinline__ void producer_loop(const Sm90Params& p, const SplitWork& w,
                                               const Smem& sm, int ptid) {
-  static_assert(kRawStages == 2, "the slot / scale look-ahead below assumes two raw stages");
+  static_assert(kRawStages == 2, "the slot / validity look-ahead below assumes two raw stages");
   const ProducerLane g{ptid % 32, ptid / 32};
   const bool copier = g.part == g.key / 8;
   const int32_t s0 = tile_slot(p, w, 0, g.key), s1 = tile_slot(p, w, 1, g.key);
@@ -308,17 +316,17 @@ __device__ __forceinline__ void producer_loop(const Sm90Params& p, const SplitWo
     copy_row(p, w, 0, s0, sm, g.key);
     copy_row(p, w, 1, s1, sm, g.key);
   }
-  RowMeta meta = load_meta(p, w, 0, s0), meta_next = load_meta(p, w, 1, s1);
+  bool valid = key_valid(p, w, 0, s0), valid_next = key_valid(p, w, 1, s1);
   for (int32_t i = 0; i < w.tiles; ++i) {
     mbar_wait(sm.raw_full + i % kRawStages, use_parity<kRawStages>(i));
     if (i >= kKStages) mbar_wait(sm.empty + i % kKStages, use_parity<kKStages>(i) ^ 1u);
-    convert_rows(sm, i, tile_scrub(p, w, i), meta, g);
+    convert_rows(sm, i, tile_scrub(p, w, i), valid, g);
     fence_proxy_async();
     mbar_arrive(sm.full + i % kKStages);
     named_barrier_sync(kProducerBarrier, kProducers);  // raw stage i read by every warp
     if (copier) copy_row(p, w, i + 2, s2, sm, g.key);
-    meta = meta_next;
-    meta_next = load_meta(p, w, i + 2, s2);
+    valid = valid_next;
+    valid_next = key_valid(p, w, i + 2, s2);
     s2 = s3;
     s3 = tile_slot(p, w, i + 4, g.key);
   }
@@ -326,13 +334,19 @@ __device__ __forceinline__ void producer_loop(const Sm90Params& p, const SplitWo
 
 // ---- tensor work and softmax --------------------------------------------------------------------
 
-// Q rows h0.. into the core-matrix layout (zero rows past H): one cp.async group.
+// Q rows h0.. into the core-matrix layout (zero rows past H) and, with fused inverse RoPE, the
+// cos / sin row of position t: one cp.async group, issued before the epilogue's inputs are needed
+// (read after the last tile, these cold loads used to stall the epilogue ~1 us).
 __device__ __forceinline__ void load_q(const Sm90Params& p, int64_t t, int32_t h0, int32_t heads,
                                        const Smem& sm, int ctid) {
 #pragma unroll 4
   for (int n = 0; n < kHeads * kChunks / kConsumers; ++n) {
     const int j = ctid + kConsumers * n, h = j / kChunks, c = j % kChunks;
     cuda::load_q_chunk(p, t, h0 + h, c, h < heads, sm.q + cm_offset(h, c, kHeads / 8));
+  }
+  const cuda::FinishParams& f = p.finish;
+  if (p.num_splits == 1 && f.positions != nullptr && ctid < 64) {
+    cuda::cp_async4(sm.rope + ctid, cuda::rope_row(f, t) + ctid);
   }
   cuda::cp_async_commit();
 }
@@ -470,39 +484,97 @@ __device__ __forceinline__ void exchange_scores(const Smem& sm, int32_t i, bool 
   if (more) named_barrier_arrive(kScoresReadBarrier + (1 - c), kConsumers);
 }
 
-__device__ __forceinline__ void epilogue(const Sm90Params& p, int64_t t, int32_t s, int32_t h0,
-                                         int32_t heads, int c, int wtid, const RowState& st,
-                                         const float (&acc)[128]) {
+// Byte offset of the 16-byte output chunk (row, ch) in the staging tile (64 rows x 1 KiB, in the
+// Q buffer once every Q.K has completed): chunk ch ^ (row % 8), so both the fragment writes (8 rows
+// x 4 lanes of a warp) and the row-wise 16-byte reads are conflict-free.
+__device__ __forceinline__ int stage_offset(int row, int ch) {
+  return row * (kDim * 2) + (ch ^ (row & 7)) * 16;
+}
+
+// S > 1: the partials m, l, acc of this split (combined by the combine kernel).
+__device__ __forceinline__ void write_partials(const Sm90Params& p, int64_t t, int32_t s,
+                                               int32_t h0, int32_t heads, int c, int wtid,
+                                               const RowState& st, const float (&acc)[128]) {
   const int lane = wtid % 32, warp = wtid / 32, t2 = 2 * (lane % 4);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = 16 * warp + lane / 4 + 8 * h;
     if (row >= heads) continue;
     const float l = st.l[h] > 0.0f ? st.l[h] : 0.0f;
+    const int64_t r = (t * p.num_splits + s) * p.num_heads + h0 + row;
+    if (c == 0 && t2 == 0) {
+      p.ws_m[r] = st.l[h] > 0.0f ? st.m[h] : kNoScore;
+      p.ws_l[r] = l;
+    }
+    if (!(l > 0.0f)) continue;
+    float* dst = p.ws_acc + r * kDim + 256 * c + t2;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      *reinterpret_cast<float2*>(dst + 8 * j) =
+          make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+    }
+  }
+}
+
+// S == 1, step 1: finished rows (sink, 1 / L, inverse RoPE with the cos / sin staged with Q) as
+// bf16 into the staging tile; lse.
+__device__ __forceinline__ void stage_finished(const Sm90Params& p, int64_t t, int32_t h0,
+                                               int32_t heads, int c, int wtid, const RowState& st,
+                                               const float (&sink_v)[2], const float (&acc)[128],
+                                               const Smem& sm) {
+  const cuda::FinishParams& f = p.finish;
+  const int lane = wtid % 32, warp = wtid / 32, t2 = 2 * (lane % 4);
+  const bool rope = f.positions != nullptr && c == 1;  // dims 448.. are warpgroup 1's last 64
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = 16 * warp + lane / 4 + 8 * h;
+    const float l = st.l[h] > 0.0f ? st.l[h] : 0.0f;
     const float m = st.l[h] > 0.0f ? st.m[h] : kNoScore;
-    if (p.num_splits > 1) {
-      const int64_t r = (t * p.num_splits + s) * p.num_heads + h0 + row;
-      if (c == 0 && t2 == 0) {
-        p.ws_m[r] = m;
-        p.ws_l[r] = l;
-      }
-      if (!(l > 0.0f)) continue;
-      float* dst = p.ws_acc + r * kDim + 256 * c + t2;
+    const float coef = cuda::one_split_coef(m, l, sink_v[h]);
+    if (c == 0 && t2 == 0 && row < heads) cuda::store_lse(f, t, h0 + row, cuda::finish_lse(m, l));
 #pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        *reinterpret_cast<float2*>(dst + 8 * j) =
-            make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+    for (int j = 0; j < 32; ++j) {
+      float a = coef == 0.0f ? 0.0f : acc[4 * j + 2 * h] * coef;
+      float b = coef == 0.0f ? 0.0f : acc[4 * j + 2 * h + 1] * coef;
+      if (j >= 24 && rope) {  // dim 256 + 8j + t2 = 448 + 2k
+        const int k = 4 * (j - 24) + lane % 4;
+        cuda::inverse_rope(a, b, make_float2(sm.rope[k], sm.rope[32 + k]));
       }
+      *reinterpret_cast<uint32_t*>(sm.q + stage_offset(row, 32 * c + j) + 2 * t2) =
+          cuda::bf16x2_bits(a, b);
+    }
+  }
+}
+
+// 8 bf16 output values (16 bytes) to dst when out is not 16-byte aligned: pairs or elements.
+__device__ __noinline__ void store_out_chunk_unaligned(const cuda::FinishParams& f,
+                                                       __nv_bfloat16* dst, uint4 v) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if (f.out_pair_aligned) {
+      *reinterpret_cast<uint32_t*>(dst + 2 * i) = w[i];
     } else {
-      const FinishParams& f = p.finish;
-      const float coef = cuda::one_split_coef(m, l, f.sink, h0 + row);
-      if (c == 0 && t2 == 0) cuda::store_lse(f, t, h0 + row, cuda::finish_lse(m, l));
-#pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        const float a = coef == 0.0f ? 0.0f : acc[4 * j + 2 * h] * coef;
-        const float b = coef == 0.0f ? 0.0f : acc[4 * j + 2 * h + 1] * coef;
-        cuda::store_out_pair(f, t, h0 + row, 256 * c + 8 * j + t2, a, b);
-      }
+      dst[2 * i] = __ushort_as_bfloat16(static_cast<unsigned short>(w[i] & 0xFFFFu));
+      dst[2 * i + 1] = __ushort_as_bfloat16(static_cast<unsigned short>(w[i] >> 16));
+    }
+  }
+}
+
+// S == 1, step 2: the staged rows h0.. to out, 16-byte chunks with consecutive threads along a
+// row (pair or element stores where out is not 16-byte aligned).
+__device__ __forceinline__ void write_staged(const cuda::FinishParams& f, int64_t t, int32_t h0,
+                                             int32_t heads, const Smem& sm, int ctid) {
+#pragma unroll 4
+  for (int n = 0; n < kHeads * kChunks / kConsumers; ++n) {
+    const int j = ctid + kConsumers * n, row = j / kChunks, ch = j % kChunks;
+    if (row >= heads) break;  // rows grow with n
+    const uint4 v = *reinterpret_cast<const uint4*>(sm.q + stage_offset(row, ch));
+    __nv_bfloat16* dst = f.out + t * f.out_stride_token + (h0 + row) * f.out_stride_head + 8 * ch;
+    if (f.out_chunk_aligned) {
+      *reinterpret_cast<uint4*>(dst) = v;
+    } else {
+      store_out_chunk_unaligned(f, dst, v);
     }
   }
 }
@@ -551,6 +623,13 @@ __device__ __forceinline__ void consumer_loop(const Sm90Params& p, const SplitWo
   for (int j = 0; j < 128; ++j) acc[j] = 0.0f;
   wgmma_fence_operands(acc);  // zeroed here, not sunk below the first Q.K (C7515 serialisation)
   RowState st{{kNoScore, kNoScore}, {0.0f, 0.0f}};
+  float sink_v[2];  // loaded now: a cold load at the end would stall the epilogue
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = 16 * (x.wtid / 32) + x.lane / 4 + 8 * h;
+    sink_v[h] = p.num_splits == 1 && row < heads ? cuda::sink_value(p.finish.sink, h0 + row)
+                                                 : -__int_as_float(0x7F800000);
+  }
   load_q(p, t, h0, heads, sm, tid);
   cp_async_wait<0>();
   fence_proxy_async();  // Q (cp.async writes) for wgmma
@@ -569,7 +648,15 @@ __device__ __forceinline__ void consumer_loop(const Sm90Params& p, const SplitWo
   if (w.tiles > 0) consumer_tile<false>(x, w.tiles - 1, st, acc, sc);
   wgmma_wait<0>();
   wgmma_fence_operands(acc);
-  epilogue(p, t, s, h0, heads, x.c, x.wtid, st, acc);
+  if (p.num_splits > 1) {
+    write_partials(p, t, s, h0, heads, x.c, x.wtid, st, acc);
+    return;
+  }
+  // Every Q.K has completed: each warpgroup waited for its last one before the last exchange,
+  // whose barrier both passed. The Q buffer becomes the staging tile.
+  stage_finished(p, t, h0, heads, x.c, x.wtid, st, sink_v, acc, sm);
+  named_barrier_sync(kExchangeBarrier, kConsumers);
+  write_staged(p.finish, t, h0, heads, sm, tid);
 }
 
 #endif  // !__CUDA_ARCH__ || SPARSEMLA_SM90A_DEVICE
