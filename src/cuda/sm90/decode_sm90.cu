@@ -60,7 +60,6 @@ using cuda::split_work;
 using cuda::SplitWork;
 using cuda::tile_cache;
 using cuda::tile_scrub;
-using cuda::tile_slot;
 
 constexpr int kHeads = 64;                // wgmma M: heads per CTA
 constexpr int kKeys = cuda::kKeyTile;     // keys per tile (SPEC 4.4 bk)
@@ -81,12 +80,14 @@ constexpr int kRawBytes = kKeys * kRawRowBytes;  // 18944
 constexpr int kScoreBytes = kHeads * kKeys * 4;  // 8192 per warpgroup
 constexpr int kFlagBytes = kKStages * kKeys;
 constexpr int kRopeBytes = 64 * 4;  // cos x32 | sin x32 of the row's position (fused inverse RoPE)
+constexpr int kSlotStages = 4;      // slot-id ring of the producer (a tile's 32 slot ids per stage)
+constexpr int kSlotBytes = kSlotStages * kKeys * 4;
 constexpr int kBarrierBytes = (2 * kKStages + kRawStages) * 8;
 constexpr int kSmemBytes = kQBytes + kKStages * kKBytes + kRawStages * kRawBytes + 2 * kScoreBytes +
-                           kFlagBytes + kRopeBytes + kBarrierBytes;
+                           kFlagBytes + kRopeBytes + kSlotBytes + kBarrierBytes;
 static_assert(kSmemBytes <= 227 * 1024, "fits the 227 KiB opt-in of sm_90");
 static_assert((kQBytes + kKStages * kKBytes + kRawStages * kRawBytes + 2 * kScoreBytes +
-               kFlagBytes + kRopeBytes) %
+               kFlagBytes + kRopeBytes + kSlotBytes) %
                       8 ==
                   0,
               "mbarriers are 8-byte aligned");
@@ -121,6 +122,7 @@ struct Smem {
   float* scores;       // [2 warpgroups][64 x 32]
   uint8_t* flags;      // [kKStages][32]
   float* rope;         // [64]: cos x32 | sin x32 at the row's position (loaded with Q)
+  int32_t* slots;      // [kSlotStages][32]: the producer's slot ids of a tile (-1: no key)
   uint64_t* full;      // [kKStages]: K stage written (count: 128 producer threads)
   uint64_t* empty;     // [kKStages]: K stage read (count: 256 consumer threads)
   uint64_t* raw_full;  // [kRawStages]: rows landed (count: 32 copying lanes + bytes)
@@ -134,6 +136,9 @@ struct Smem {
   __device__ __forceinline__ uint8_t* flag_set(int32_t i) const {
     return flags + (i % kKStages) * kKeys;
   }
+  __device__ __forceinline__ int32_t* slot_set(int32_t i) const {
+    return slots + (i % kSlotStages) * kKeys;
+  }
 };
 
 __device__ __forceinline__ Smem carve(unsigned char* base) {
@@ -144,7 +149,8 @@ __device__ __forceinline__ Smem carve(unsigned char* base) {
   s.scores = reinterpret_cast<float*>(s.raw + kRawStages * kRawBytes);
   s.flags = reinterpret_cast<uint8_t*>(s.scores + 2 * kHeads * kKeys);
   s.rope = reinterpret_cast<float*>(s.flags + kFlagBytes);
-  s.full = reinterpret_cast<uint64_t*>(s.rope + kRopeBytes / 4);
+  s.slots = reinterpret_cast<int32_t*>(s.rope + kRopeBytes / 4);
+  s.full = reinterpret_cast<uint64_t*>(s.slots + kSlotBytes / 4);
   s.empty = s.full + kKStages;
   s.raw_full = s.empty + kKStages;
   return s;
@@ -182,11 +188,14 @@ __device__ __forceinline__ bool key_valid(const Sm90Params& p, const SplitWork& 
 
 // The copies of key `key`'s row of tile i (nothing past the last tile), by the producer thread of
 // that key with part == key / 8: the 576 data bytes with one cp.async.bulk (8 copying lanes per
-// warp: it takes uniform operands, so a warp issues its copies one lane at a time) and the 8-byte
-// scale word with a cp.async into the row's pad. Every key arrives once on the stage's barrier: an
-// invalid one at once, a valid one when its scale word has landed (and the barrier also waits for
-// its 576 bytes). The scale word used to be a register load whose latency the producer paid every
-// tile (ncu: the producer's largest long-scoreboard stall).
+// warp: it takes uniform operands, so a warp issues its copies one lane at a time), completing on
+// the stage's barrier (every key arrives once), and the 8-byte scale word with a cp.async into
+// the row's pad, one commit group per tile (the producer loop waits for it a tile later, before
+// the producer barrier that publishes it to the other warps). The scale word used to be a register
+// load whose latency the producer paid every tile (ncu: its largest long-scoreboard stall).
+// Not done: completing the scale word on the mbarrier too (cp.async.mbarrier.arrive.noinc next
+// to expect_tx); that version gave wrong outputs in rare runs (bench c4-pro B=8, S >= 5, graph
+// replay) which the LDG version and this one never showed.
 __device__ __forceinline__ void copy_row(const Sm90Params& p, const SplitWork& w, int32_t i,
                                          int32_t slot, const Smem& sm, int key) {
   if (i >= w.tiles) return;
@@ -198,10 +207,9 @@ __device__ __forceinline__ void copy_row(const Sm90Params& p, const SplitWork& w
     return;
   }
   unsigned char* row = sm.raw_stage(i) + key * kRawRowBytes;
-  mbar_expect_tx(bar, kRowBytes);
+  mbar_arrive_expect_tx(bar, kRowBytes);
   bulk_copy_g2s(row, cache.base + off.data, kRowBytes, bar);
   cp_async8(row + kRowBytes, cache.base + off.scale);
-  cp_async_mbar_arrive(bar);
 }
 
 // True when the whole row part takes the fast dequantisation: every scale code of the row is
@@ -300,22 +308,50 @@ __device__ __forceinline__ void convert_rows(const Smem& sm, int32_t i, bool scr
   }
 }
 
+// The slot ids of tile i into its slot-ring stage, by the producer's warp 0 (lane = key): a
+// cp.async per key (-1 stored for a key past the tile, or for a tile past the last). Part of the
+// caller's cp.async group. Slot ids kept in registers cost a DRAM latency per tile: rotating them
+// through registers makes ptxas move a just-loaded register at the top of the loop (ncu, session
+// 4).
+__device__ __forceinline__ void load_slots(const Sm90Params& p, const SplitWork& w, int32_t i,
+                                           const Smem& sm, int key) {
+  int32_t* dst = sm.slot_set(i) + key;
+  if (i >= w.tiles) {
+    *dst = -1;
+    return;
+  }
+  const cuda::Tile tile = cuda::tile_of(w, i);
+  const DeviceList& list = tile.extra ? p.extra_list : p.main_list;
+  if (key < tile.keys) {
+    cuda::cp_async4(dst, list.indices + tile.begin + key);
+  } else {
+    *dst = -1;
+  }
+}
+
 // The producer's tile loop. Per tile i: wait for its rows (raw_full) and a free K stage (empty),
-// dequantise, async-proxy fence (MEMBAR.CTA: it waits for this thread's outstanding loads, which
-// were issued a whole tile earlier), publish (full); after a producer-only barrier (every warp
-// has read raw stage i) the rows of tile i + 2 are copied into it. Slot ids run four tiles ahead;
-// key validity is computed from them two tiles ahead.
+// dequantise, async-proxy fence (MEMBAR.CTA), publish (full); wait for this thread's cp.async
+// group of the previous tile (tile i + 1's scale words, tile i + 2's slot ids), then a producer
+// barrier (raw stage i read by every warp; those words visible to all); then the rows of tile
+// i + 2 are copied into raw stage i and tile i + 3's slot ids loaded (one cp.async group).
 __device__ __forceinline__ void producer_loop(const Sm90Params& p, const SplitWork& w,
                                               const Smem& sm, int ptid) {
-  static_assert(kRawStages == 2, "the slot / validity look-ahead below assumes two raw stages");
+  static_assert(kRawStages == 2 && kSlotStages >= 4, "the look-ahead below");
   const ProducerLane g{ptid % 32, ptid / 32};
-  const bool copier = g.part == g.key / 8;
-  const int32_t s0 = tile_slot(p, w, 0, g.key), s1 = tile_slot(p, w, 1, g.key);
-  int32_t s2 = tile_slot(p, w, 2, g.key), s3 = tile_slot(p, w, 3, g.key);
-  if (copier) {
-    copy_row(p, w, 0, s0, sm, g.key);
-    copy_row(p, w, 1, s1, sm, g.key);
+  const bool copier = g.part == g.key / 8, slot_loader = g.part == 0;
+  if (slot_loader) {
+    for (int32_t k = 0; k < 3; ++k) load_slots(p, w, k, sm, g.key);
   }
+  cuda::cp_async_commit();
+  cp_async_wait<0>();
+  named_barrier_sync(kProducerBarrier, kProducers);  // slot ids of tiles 0..2 visible
+  const int32_t s0 = sm.slot_set(0)[g.key], s1 = sm.slot_set(1)[g.key];
+  if (copier) copy_row(p, w, 0, s0, sm, g.key);
+  cuda::cp_async_commit();  // the scale words of tile 0
+  if (copier) copy_row(p, w, 1, s1, sm, g.key);
+  cuda::cp_async_commit();  // of tile 1
+  cp_async_wait<1>();
+  named_barrier_sync(kProducerBarrier, kProducers);  // tile 0's scale words visible
   bool valid = key_valid(p, w, 0, s0), valid_next = key_valid(p, w, 1, s1);
   for (int32_t i = 0; i < w.tiles; ++i) {
     mbar_wait(sm.raw_full + i % kRawStages, use_parity<kRawStages>(i));
@@ -323,12 +359,14 @@ __device__ __forceinline__ void producer_loop(const Sm90Params& p, const SplitWo
     convert_rows(sm, i, tile_scrub(p, w, i), valid, g);
     fence_proxy_async();
     mbar_arrive(sm.full + i % kKStages);
-    named_barrier_sync(kProducerBarrier, kProducers);  // raw stage i read by every warp
+    cp_async_wait<0>();  // tile i + 1's scale words and tile i + 2's slot ids, issued a tile ago
+    named_barrier_sync(kProducerBarrier, kProducers);
+    const int32_t s2 = sm.slot_set(i + 2)[g.key];
     if (copier) copy_row(p, w, i + 2, s2, sm, g.key);
+    if (slot_loader) load_slots(p, w, i + 3, sm, g.key);  // ring stage of tile i - 1: read
+    cuda::cp_async_commit();
     valid = valid_next;
     valid_next = key_valid(p, w, i + 2, s2);
-    s2 = s3;
-    s3 = tile_slot(p, w, i + 4, g.key);
   }
 }
 

@@ -44,24 +44,6 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t by
 #endif
 }
 
-// Announces `bytes` of asynchronous copies completing on this barrier, without arriving.
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
-#ifdef SPARSEMLA_SM90A_DEVICE
-  asm volatile("mbarrier.expect_tx.shared::cta.b64 [%0], %1;\n" ::"r"(cuda::smem_u32(bar)),
-               "r"(bytes)
-               : "memory");
-#endif
-}
-
-// One arrival on bar once every cp.async this thread issued so far has landed (.noinc: the
-// arrival counts towards the barrier's expected count).
-__device__ __forceinline__ void cp_async_mbar_arrive(uint64_t* bar) {
-#ifdef SPARSEMLA_SM90A_DEVICE
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(cuda::smem_u32(bar))
-               : "memory");
-#endif
-}
-
 // 8 bytes (both addresses 8-byte aligned) from global src to shared dst, through L1.
 __device__ __forceinline__ void cp_async8(void* dst, const void* src) {
 #ifdef SPARSEMLA_SM90A_DEVICE
