@@ -51,6 +51,11 @@ std::string verify_cell(const Problem& pb, const Timing& t, int64_t max_batch) {
   sparse_decode_reference(rp, ref.data(), nullptr);
   const VerifyResult v = verify_decode_output(t.out.data(), pb.tokens, pb.heads,
                                               int64_t{pb.heads} * 512, 512, ref.data());
+  if (!v.passed) {  // the table says FAIL; stderr says where
+    std::fprintf(stderr, "verify %s B=%lld %s S=%d: %s\n", pb.config.layer.c_str(),
+                 static_cast<long long>(pb.config.batch), path_name(t.path), t.splits,
+                 v.summary().c_str());
+  }
   return v.passed ? "PASS" : "FAIL";
 }
 

@@ -430,10 +430,9 @@ struct RowState {
 };
 
 // Online softmax of one tile on the summed scores s (fragment: s[4j + 2h + e] = row r_h, key
-// 8j + 2 (lane % 4) + e); returns the alphas and the bf16 P fragments of the two 16-key blocks.
+// 8j + 2 (lane % 4) + e): s becomes the fp32 probabilities; returns the alphas.
 __device__ __forceinline__ void softmax_tile(float (&s)[16], const uint8_t* flags, float scale,
-                                             int lane, RowState& st, float (&alpha)[2],
-                                             uint32_t (&pa)[2][4]) {
+                                             int lane, RowState& st, float (&alpha)[2]) {
   const int t2 = 2 * (lane % 4);
   bool valid[8];
 #pragma unroll
@@ -474,7 +473,11 @@ __device__ __forceinline__ void softmax_tile(float (&s)[16], const uint8_t* flag
     st.l[h] = st.l[h] * alpha[h] + psum;
     st.m[h] = m_use;
   }
-  // A fragment of keys [16 kb, +16): (r0, 2t), (r1, 2t), (r0, 2t + 8), (r1, 2t + 8).
+}
+
+// The probabilities as the bf16 A fragments of P.V's two 16-key blocks: keys [16 kb, +16) hold
+// (r0, 2t), (r1, 2t), (r0, 2t + 8), (r1, 2t + 8).
+__device__ __forceinline__ void pack_p(const float (&s)[16], uint32_t (&pa)[2][4]) {
 #pragma unroll
   for (int kb = 0; kb < 2; ++kb) {
     pa[kb][0] = cuda::bf16x2_bits(s[8 * kb + 0], s[8 * kb + 1]);
@@ -628,21 +631,32 @@ struct ConsumerCtx {
   int c, wtid, lane;
 };
 
+//
+// P (P.V's A operand, in registers `pa`, carried from tile to tile) is packed only after P.V(i-1)
+// retired: wgmma register operands must not change before then, and `pa` is kept live until that
+// wait (wgmma_fence_operands), so ptxas cannot put anything else in those registers either. When
+// P was a per-tile temporary packed in the softmax, ptxas placed the next tile's P and the
+// exchange's loads in the registers P.V(i-1) was still reading (found by the bench's verify:
+// C4-Pro B = 8 at S >= 5 under graph replay, errors 2-3x the tolerance in whole 8-row groups,
+// depending on timing; the tests' cases had not hit it).
 template <bool kMore>  // another tile follows
 __device__ __forceinline__ void consumer_tile(const ConsumerCtx& x, int32_t i, RowState& st,
-                                              float (&acc)[128], float (&sc)[16]) {
+                                              float (&acc)[128], float (&sc)[16],
+                                              uint32_t (&pa)[2][4]) {
   exchange_scores(x.sm, i, kMore, x.c, x.wtid, sc);
   float alpha[2];
-  uint32_t pa[2][4];
-  softmax_tile(sc, x.sm.flag_set(i), x.p.scale, x.lane, st, alpha, pa);
+  softmax_tile(sc, x.sm.flag_set(i), x.p.scale, x.lane, st, alpha);
   // P.V(i-1) has run beside the exchange and softmax; wait for it before acc may be rescaled
-  // (wgmma.wait_group must be warpgroup-uniform, the rescale test is only warp-uniform).
+  // (wgmma.wait_group must be warpgroup-uniform, the rescale test is only warp-uniform) and
+  // before its A registers are rewritten.
   wgmma_wait<0>();
   wgmma_fence_operands(acc);
+  wgmma_fence_operands(pa);
+  pack_p(sc, pa);  // before Q.K(i+1) reuses sc as its accumulator
   if (needs_rescale(alpha)) rescale(acc, alpha);
   if (kMore) {
     mbar_wait(x.sm.full + (i + 1) % kKStages, use_parity<kKStages>(i + 1));
-    qk_issue(x.sm, i + 1, x.c, sc);  // the scores of tile i are in pa now
+    qk_issue(x.sm, i + 1, x.c, sc);  // tile i's probabilities are in pa now
   }
   pv_issue(x.sm, i, x.c, pa, acc);
   if (kMore) {
@@ -682,8 +696,9 @@ __device__ __forceinline__ void consumer_loop(const Sm90Params& p, const SplitWo
   // Every tile with a successor, then the last one: the wgmma groups in flight are then the same
   // on every path through the loop, which ptxas needs to keep the wgmma asynchronous (with the
   // successor test inside the tile it serialised every wgmma: C7515).
-  for (int32_t i = 0; i + 1 < w.tiles; ++i) consumer_tile<true>(x, i, st, acc, sc);
-  if (w.tiles > 0) consumer_tile<false>(x, w.tiles - 1, st, acc, sc);
+  uint32_t pa[2][4] = {};
+  for (int32_t i = 0; i + 1 < w.tiles; ++i) consumer_tile<true>(x, i, st, acc, sc, pa);
+  if (w.tiles > 0) consumer_tile<false>(x, w.tiles - 1, st, acc, sc, pa);
   wgmma_wait<0>();
   wgmma_fence_operands(acc);
   if (p.num_splits > 1) {

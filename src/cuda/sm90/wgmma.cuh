@@ -49,6 +49,16 @@ __device__ __forceinline__ void wgmma_fence_operands(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
+// The same for register A operands (bf16 pairs): placed after the wgmma_wait that retires the
+// wgmma reading them, it keeps their registers unchanged until then.
+template <int M, int N>
+__device__ __forceinline__ void wgmma_fence_operands(uint32_t (&a)[M][N]) {
+#pragma unroll
+  for (int i = 0; i < M; ++i) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) asm volatile("" : "+r"(a[i][j])::"memory");
+  }
+}
 // Generic-proxy writes to shared memory (st.shared, cp.async) made visible to the async proxy
 // (wgmma operand reads); executed by the writing threads before the barrier that publishes them.
 __device__ __forceinline__ void fence_proxy_async() {
