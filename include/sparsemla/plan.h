@@ -28,8 +28,9 @@ int32_t plan_generic(const PlanShape& shape);
 // The specialised selector exactly as in SPEC 4.4 (reference; conformance-pinned; cap 32).
 int32_t plan_specialised_ref(const PlanShape& shape);
 // The policy the specialised path launches with on our 132-SM GPU (SPEC 4.4: separately named,
-// re-tuned by measurement, constants and evidence in docs/PERF.md). Always in [1, 32]; T = 0 -> 1.
-// Until measured it equals plan_specialised_ref with the given CU.
+// re-tuned by measurement, constants and evidence in docs/PERF.md): one wave of 64-head CTAs,
+// CU / (T * ceil(hb / 4)), with >= 2 key tiles per split (>= 1 when fewer than 8 CTAs per split),
+// capped at 16. Always in [1, 32]; T = 0 -> 1.
 int32_t plan_sm90_tuned(const PlanShape& shape);
 
 // Whether `auto` takes the sm90-specialised path where the architecture gate allows it: where it

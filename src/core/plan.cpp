@@ -119,16 +119,28 @@ int32_t plan_specialised_ref(const PlanShape& shape) {
   return static_cast<int32_t>(splits);
 }
 
-// Tuned on the H200 (docs/PERF.md, sm90 section): the reference with the caller's CU, capped at
-// 16 splits. Measured: at batch 1 the reference's S = 32 spent ~20 of 34 us in the combine, whose
-// S > 16 loop makes one dependent L2 round trip per split; with S <= 16 every split's partials are
-// loaded at once. A 64-head CTA already covers 4 head blocks, so 16 splits still give >= 16 CTAs
-// per query row at batch 1. Stays in [1, 32] (SPEC 4.4).
+// Tuned on the H200 (docs/PERF.md, sm90 "Planner re-tuned"): the sm90 kernel runs one CTA per SM,
+// each covering 64 heads (G = ceil(hb / 4) CTAs per row and split), so S is sized to fill one
+// wave, CU / (T * G), with at least two 32-key tiles per split (a CTA's fixed cost, ~8-20 us of
+// cold loads and epilogue, needs work to amortise; more splits also write more partials), capped
+// at 16 (the combine keeps every split's loads in flight together up to 16). Grids of < 8 CTAs per
+// split are latency-bound: there one tile per split. The reference (16-head blocks as CTAs) left
+// half the SMs idle at c128-h64 B = 8 (S = 8: 64 CTAs; 74 us against 54 us at S = 16) and B = 32
+// (S = 3: 96 CTAs; 198 against 160 us at S = 4). Stays in [1, 32] (SPEC 4.4).
 constexpr int32_t kSm90TunedMaxSplits = 16;
+constexpr int64_t kSm90HeadsPerCta = 64;
+constexpr int64_t kSm90LatencyBoundCtas = 8;
 
 int32_t plan_sm90_tuned(const PlanShape& shape) {
   check_shape("plan_sm90_tuned", shape);
-  return std::min(plan_specialised_ref(shape), kSm90TunedMaxSplits);
+  if (shape.num_tokens == 0) return 1;
+  const int64_t per_cta = kSm90HeadsPerCta / kPlanHeadBlock;  // head blocks per CTA: 4
+  const int64_t ctas = shape.num_tokens * ceil_div(plan_head_blocks(shape.num_heads), per_cta);
+  const int64_t keys = shape.width_main + shape.width_extra;
+  const int64_t s = ctas < kSm90LatencyBoundCtas
+                        ? keys / kPlanKeyBlock
+                        : std::min<int64_t>(shape.num_sms / ctas, keys / (2 * kPlanKeyBlock));
+  return static_cast<int32_t>(std::clamp<int64_t>(s, 1, kSm90TunedMaxSplits));
 }
 
 // Measured (docs/PERF.md, sm90 v3 table): sm90 wins every H >= 64 cell with >= 16 CTAs of 64
