@@ -143,18 +143,27 @@ int32_t plan_sm90_tuned(const PlanShape& shape) {
   return static_cast<int32_t>(std::clamp<int64_t>(s, 1, kSm90TunedMaxSplits));
 }
 
-// Measured (docs/PERF.md, sm90 v3 table): sm90 wins every H >= 64 cell with >= 16 CTAs of 64
-// heads (1.16x at mtp-flash B=8 .. 2.6x at c128-h64 B=32) and the 8-CTA cells with long rows
-// (c128-fixed B=8: 35.0 vs 45.7 us, c128-h64 B=8: 75.7 vs 122.9 us); it loses with 8 CTAs of
-// 640-key rows (c4-flash B=8: 25.2 vs 22.2 us), at batch 1 (1-2 CTAs per row group: the first
-// gather and the combine dominate) and below 64 heads (the 64-row tile computes 4-8x the heads).
+// Measured (docs/PERF.md, sm90 v3 table and v3.6 with the re-tuned planner): sm90 wins every
+// H >= 64 cell with >= 16 CTAs of 64 heads (1.1x at mtp-flash B=8 .. 3.6x at c128-h64 B=32) and
+// the 8-CTA cells with long rows (c128-fixed B=8: 33.1 vs 46.4 us, c128-h64 B=8: 47.9 vs 123.6
+// us); it loses with 8 CTAs of 640-key rows (c4-flash B=8: 24.5 vs 22.4 us) and at batch 1 (the
+// first gather and the combine dominate). Below 64 heads (the 64-row tile computes 2-8x the heads)
+// it wins from 32 query rows at 16 and 32 heads (tp-h16 B=32: 30.3 vs 33.9 us, B=128: 74.3 vs
+// 90.8; tp-h32 B=32: 35.0 vs 55.3, B=128: 74.5 vs 105.4) and loses at B=8 (21.1 vs 20.7, 23.9 vs
+// 23.7 us). 8 heads stay generic: its B=128 cell was slower on sm90 (S=3: 95.8 vs 89.4 us) and
+// has not been measured with the re-tuned S.
 constexpr int64_t kSm90MinCtas = 16;
 constexpr int64_t kSm90MinCtasLongRows = 8;
 constexpr int64_t kSm90LongRowKeys = 2048;
+constexpr int32_t kSm90MinNarrowHeads = 16;
+constexpr int64_t kSm90MinNarrowTokens = 32;
 
 bool auto_prefers_sm90(const PlanShape& shape, bool deterministic) {
   check_shape("auto_prefers_sm90", shape);
-  if (deterministic || shape.num_heads < 64) return false;
+  if (deterministic) return false;
+  if (shape.num_heads < 64) {
+    return shape.num_heads >= kSm90MinNarrowHeads && shape.num_tokens >= kSm90MinNarrowTokens;
+  }
   const int64_t ctas = shape.num_tokens * ((shape.num_heads + 63) / 64);
   const int64_t keys = shape.width_main + shape.width_extra;
   return ctas >= kSm90MinCtas || (ctas >= kSm90MinCtasLongRows && keys >= kSm90LongRowKeys);
