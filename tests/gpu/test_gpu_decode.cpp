@@ -987,6 +987,74 @@ TEST_P(GpuDecode, AdaptiveSplitsIgnorePoisonedWorkspace) {
   EXPECT_NE(std::find(seen.begin(), seen.end(), S), seen.end());
 }
 
+// Regression for a timing-dependent hazard (session 4): the sm90 kernel rewrote the registers of
+// P.V's A operand while that wgmma was still running. It showed only at C4-Pro-like shapes (128
+// heads, 8 rows, 128 + 1024 keys on 64-entry pages) at S = 5..7, under graph replay with a cold
+// L2. This replays exactly that regime a few times per S, flushing L2 (256 MB memset) before each
+// replay, and checks every replay against the reference.
+TEST_P(GpuDecode, GraphReplayColdL2ManySplitsC4ProShape) {
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  CaseSpec s;
+  s.T = 8;
+  s.H = 128;
+  s.main = cache_spec(64, 4, engine_pad(64));
+  s.extra = cache_spec(64, 40, engine_pad(64));
+  s.extra_lengths = filled(8, 1024);
+  s.positions = true;
+  const DecodeCase c = make_case(rng, s, true);
+  const DeviceCase d(c);
+  const RefRun ref = reference(c);
+  std::vector<bf16_bits> poison(c.out_elems(), kPoisonBf16);
+  std::vector<float> lse_poison(c.lse_elems(), decode::nan_f32());
+  DeviceBuffer out = to_device(poison), lse = to_device(lse_poison);
+  DeviceBuffer flush(size_t{256} << 20);
+  cudaStream_t stream = nullptr;
+  cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  const std::vector<int32_t> split_counts =
+      reduced() ? std::vector<int32_t>{5} : std::vector<int32_t>{5, 6, 7};
+  const int replays = reduced() ? 1 : 3;  // sanitizer runs: one of each
+  for (int32_t S : split_counts) {
+    SCOPED_TRACE("S=" + std::to_string(S));
+    DecodeParams p = d.params(c, out.as<bf16_bits>(), lse.as<float>());
+    p.num_splits = S;
+    p.stream = stream;
+    const size_t bytes = decode_workspace_size(c.T, c.H, S);
+    DeviceBuffer ws(bytes);
+    ws.fill(0xFF);
+    sparse_decode(p, ws.get(), bytes);  // warm-up outside the capture
+    cuda_ok(cudaStreamSynchronize(stream), "warm-up");
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
+    sparse_decode(p, ws.get(), bytes);
+    cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture");
+    cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+    for (int replay = 0; replay < replays; ++replay) {
+      SCOPED_TRACE("replay " + std::to_string(replay));
+      out.upload(poison.data(), poison.size() * 2);
+      lse.upload(lse_poison.data(), lse_poison.size() * 4);
+      cuda_ok(cudaMemsetAsync(flush.get(), replay, flush.bytes(), stream), "flush L2");
+      cuda_ok(cudaGraphLaunch(exec, stream), "graph launch");
+      cuda_ok(cudaStreamSynchronize(stream), "replay");
+      FastRun r;
+      r.out.resize(c.out_elems());
+      r.lse.resize(c.lse_elems());
+      r.out_stride_token = c.out_stride_token;
+      r.out_stride_head = c.out_stride_head;
+      r.lse_stride_token = c.lse_stride_token;
+      from_device(out, r.out);
+      from_device(lse, r.lse);
+      expect_padding_untouched(c, r);
+      decode::expect_kernel_matches_reference(c, r, ref);
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+  cudaStreamDestroy(stream);
+}
+
 // Graph buffers (SPEC 4.6): one capture, then replays whose indptr / indices change in place (same
 // addresses, same capacity, rows of new lengths); each replay matches the reference of its lists.
 TEST_P(GpuDecode, GraphReplayWithChangingLists) {
