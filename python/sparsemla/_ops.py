@@ -535,7 +535,9 @@ def plan_specialised_ref(num_tokens, num_heads, width_main, width_extra, num_sms
 
 
 def plan_sm90_tuned(num_tokens, num_heads, width_main, width_extra, num_sms):
-    """The split policy the specialised path launches with (re-tuned for 132 SMs), in [1, 32]."""
+    """The split policy the specialised path launches with, re-tuned for its 64-head CTAs on 132
+    SMs: one wave (num_sms / (T * ceil(H / 64))), >= 2 key tiles per split (>= 1 below 8 CTAs),
+    capped at 16; always in [1, 32]."""
     return _C.plan("sm90-tuned", num_tokens, num_heads, width_main, width_extra, num_sms)
 
 
