@@ -323,6 +323,50 @@ GpuRun run_gpu(const DecodeCase& c, const DeviceCase& d, int32_t splits, const E
   return r;
 }
 
+// One decode call (p.stream) warmed up, then captured into a CUDA graph; replay() launches it and
+// waits.
+class CapturedDecode {
+ public:
+  CapturedDecode(const DecodeParams& p, void* ws, size_t bytes)
+      : stream_(static_cast<cudaStream_t>(p.stream)) {
+    sparse_decode(p, ws, bytes);  // warm-up outside the capture
+    cuda_ok(cudaStreamSynchronize(stream_), "warm-up");
+    cuda_ok(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal), "begin capture");
+    sparse_decode(p, ws, bytes);
+    cuda_ok(cudaStreamEndCapture(stream_, &graph_), "end capture");
+    cuda_ok(cudaGraphInstantiate(&exec_, graph_, 0), "instantiate");
+  }
+  CapturedDecode(const CapturedDecode&) = delete;
+  CapturedDecode& operator=(const CapturedDecode&) = delete;
+  ~CapturedDecode() {
+    if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
+    if (graph_ != nullptr) cudaGraphDestroy(graph_);
+  }
+  void replay() const {
+    cuda_ok(cudaGraphLaunch(exec_, stream_), "graph launch");
+    cuda_ok(cudaStreamSynchronize(stream_), "replay");
+  }
+
+ private:
+  cudaStream_t stream_;
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+};
+
+// out / lse of a run that wrote the device buffers directly (graph replays), padding checked.
+FastRun fetch_run(const DecodeCase& c, const DeviceBuffer& out, const DeviceBuffer& lse) {
+  FastRun r;
+  r.out.resize(c.out_elems());
+  r.lse.resize(c.lse_elems());
+  r.out_stride_token = c.out_stride_token;
+  r.out_stride_head = c.out_stride_head;
+  r.lse_stride_token = c.lse_stride_token;
+  from_device(out, r.out);
+  from_device(lse, r.lse);
+  expect_padding_untouched(c, r);
+  return r;
+}
+
 // The reference with the scrub decisions of the path the kernel takes (host strides decide the
 // gate's alignment test; device misalignment only occurs with gate-closed cases).
 RefRun reference(const DecodeCase& c) {
@@ -1023,34 +1067,15 @@ TEST_P(GpuDecode, GraphReplayColdL2ManySplitsC4ProShape) {
     const size_t bytes = decode_workspace_size(c.T, c.H, S);
     DeviceBuffer ws(bytes);
     ws.fill(0xFF);
-    sparse_decode(p, ws.get(), bytes);  // warm-up outside the capture
-    cuda_ok(cudaStreamSynchronize(stream), "warm-up");
-    cudaGraph_t graph = nullptr;
-    cudaGraphExec_t exec = nullptr;
-    cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
-    sparse_decode(p, ws.get(), bytes);
-    cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture");
-    cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+    const CapturedDecode graph(p, ws.get(), bytes);
     for (int replay = 0; replay < replays; ++replay) {
       SCOPED_TRACE("replay " + std::to_string(replay));
       out.upload(poison.data(), poison.size() * 2);
       lse.upload(lse_poison.data(), lse_poison.size() * 4);
       cuda_ok(cudaMemsetAsync(flush.get(), replay, flush.bytes(), stream), "flush L2");
-      cuda_ok(cudaGraphLaunch(exec, stream), "graph launch");
-      cuda_ok(cudaStreamSynchronize(stream), "replay");
-      FastRun r;
-      r.out.resize(c.out_elems());
-      r.lse.resize(c.lse_elems());
-      r.out_stride_token = c.out_stride_token;
-      r.out_stride_head = c.out_stride_head;
-      r.lse_stride_token = c.lse_stride_token;
-      from_device(out, r.out);
-      from_device(lse, r.lse);
-      expect_padding_untouched(c, r);
-      decode::expect_kernel_matches_reference(c, r, ref);
+      graph.replay();
+      decode::expect_kernel_matches_reference(c, fetch_run(c, out, lse), ref);
     }
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
   }
   cudaStreamDestroy(stream);
 }
@@ -1099,14 +1124,7 @@ TEST_P(GpuDecode, GraphReplayWithChangingLists) {
   cudaStream_t stream = nullptr;
   cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
   p.stream = stream;
-  sparse_decode(p, ws.get(), bytes);  // warm-up outside the capture
-  cuda_ok(cudaStreamSynchronize(stream), "warm-up");
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
-  sparse_decode(p, ws.get(), bytes);
-  cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture");
-  cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  const CapturedDecode graph(p, ws.get(), bytes);
   for (int step = 0; step < 4; ++step) {
     SCOPED_TRACE("replay " + std::to_string(step));
     if (step > 0) {
@@ -1115,21 +1133,9 @@ TEST_P(GpuDecode, GraphReplayWithChangingLists) {
     }
     out.upload(poison.data(), poison.size() * 2);
     lse.upload(lse_poison.data(), lse_poison.size() * 4);
-    cuda_ok(cudaGraphLaunch(exec, stream), "graph launch");
-    cuda_ok(cudaStreamSynchronize(stream), "replay");
-    FastRun r;
-    r.out.resize(c.out_elems());
-    r.lse.resize(c.lse_elems());
-    r.out_stride_token = c.out_stride_token;
-    r.out_stride_head = c.out_stride_head;
-    r.lse_stride_token = c.lse_stride_token;
-    from_device(out, r.out);
-    from_device(lse, r.lse);
-    expect_padding_untouched(c, r);
-    decode::expect_kernel_matches_reference(c, r, reference(c));
+    graph.replay();
+    decode::expect_kernel_matches_reference(c, fetch_run(c, out, lse), reference(c));
   }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
 }
 
