@@ -83,14 +83,12 @@ constexpr int kRopeBytes = 64 * 4;  // cos x32 | sin x32 of the row's position (
 constexpr int kSlotStages = 4;      // slot-id ring of the producer (a tile's 32 slot ids per stage)
 constexpr int kSlotBytes = kSlotStages * kKeys * 4;
 constexpr int kBarrierBytes = (2 * kKStages + kRawStages) * 8;
-constexpr int kSmemBytes = kQBytes + kKStages * kKBytes + kRawStages * kRawBytes + 2 * kScoreBytes +
-                           kFlagBytes + kRopeBytes + kSlotBytes + kBarrierBytes;
+// Every region before the mbarriers, in carve() order; the barriers come last.
+constexpr int kBarrierOffset = kQBytes + kKStages * kKBytes + kRawStages * kRawBytes +
+                               2 * kScoreBytes + kFlagBytes + kRopeBytes + kSlotBytes;
+constexpr int kSmemBytes = kBarrierOffset + kBarrierBytes;
 static_assert(kSmemBytes <= 227 * 1024, "fits the 227 KiB opt-in of sm_90");
-static_assert((kQBytes + kKStages * kKBytes + kRawStages * kRawBytes + 2 * kScoreBytes +
-               kFlagBytes + kRopeBytes + kSlotBytes) %
-                      8 ==
-                  0,
-              "mbarriers are 8-byte aligned");
+static_assert(kBarrierOffset % 8 == 0, "mbarriers are 8-byte aligned");
 
 using Sm90Params = cuda::DecodeKernelParams;  // the decode kernels' one parameter struct
 
