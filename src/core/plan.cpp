@@ -131,11 +131,17 @@ constexpr int32_t kSm90TunedMaxSplits = 16;
 constexpr int64_t kSm90HeadsPerCta = 64;
 constexpr int64_t kSm90LatencyBoundCtas = 8;
 
+namespace {
+// CTAs of the sm90 kernel per split: one per query row and group of 64 heads.
+int64_t sm90_ctas_per_split(const PlanShape& shape) {
+  return shape.num_tokens * ceil_div(shape.num_heads, kSm90HeadsPerCta);
+}
+}  // namespace
+
 int32_t plan_sm90_tuned(const PlanShape& shape) {
   check_shape("plan_sm90_tuned", shape);
   if (shape.num_tokens == 0) return 1;
-  const int64_t per_cta = kSm90HeadsPerCta / kPlanHeadBlock;  // head blocks per CTA: 4
-  const int64_t ctas = shape.num_tokens * ceil_div(plan_head_blocks(shape.num_heads), per_cta);
+  const int64_t ctas = sm90_ctas_per_split(shape);
   const int64_t keys = shape.width_main + shape.width_extra;
   const int64_t s = ctas < kSm90LatencyBoundCtas
                         ? keys / kPlanKeyBlock
@@ -164,7 +170,7 @@ bool auto_prefers_sm90(const PlanShape& shape, bool deterministic) {
   if (shape.num_heads < 64) {
     return shape.num_heads >= kSm90MinNarrowHeads && shape.num_tokens >= kSm90MinNarrowTokens;
   }
-  const int64_t ctas = shape.num_tokens * ((shape.num_heads + 63) / 64);
+  const int64_t ctas = sm90_ctas_per_split(shape);
   const int64_t keys = shape.width_main + shape.width_extra;
   return ctas >= kSm90MinCtas || (ctas >= kSm90MinCtasLongRows && keys >= kSm90LongRowKeys);
 }
