@@ -203,12 +203,13 @@ Scenario make_scenario(Rng& rng, int32_t ratio, int32_t head_dim, int32_t state_
     }
     s.out_slots.push_back(out);
   }
-  // Request 0's completing token is always stored, so every batch stores something.
+  // Request 0's tokens always reach the state and its completing token is always stored, so every
+  // batch stores an entry whose window holds only written rows (with a skipped token in that
+  // window the entry pools NaN, and a batch could then have nothing finite to compare).
   for (int64_t i = 0; i < s.num_tokens(); ++i) {
-    if (s.requests[i] == 0 && s.completes(i)) {
-      s.state_slots[i] = s.state_slot_of(0, s.positions[i]);
-      s.out_slots[i] = s.out_slot_of(0, s.positions[i] / ratio);
-    }
+    if (s.requests[i] != 0) continue;
+    s.state_slots[i] = s.state_slot_of(0, s.positions[i]);
+    if (s.completes(i)) s.out_slots[i] = s.out_slot_of(0, s.positions[i] / ratio);
   }
 
   s.rope = random_rope(rng, max_len + 1, rng.randint(0, 1) ? 64 : 72);
