@@ -582,6 +582,34 @@ TEST_P(GpuDecode, SplitCountsAllMatchReference) {
   }
 }
 
+// Many rows with skewed lengths: a few rows 50x longer than the rest (tens of tiles per split),
+// most of the 400 rows with a handful of keys, an empty row; at S = 2 and 4 most splits of the
+// short rows are empty. 400 rows: more than the partial kernels' threads, so a grid dimension of
+// 400 rows and a combine of 400 x 16 (t, h) pairs.
+TEST_P(GpuDecode, SkewedRowsManyTokensSplitCounts2And4) {
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  CaseSpec s;
+  s.T = 400;
+  s.H = 16;
+  s.main = cache_spec(64, 2);
+  s.extra = cache_spec(64, 40);
+  for (int64_t t = 0; t < s.T; ++t) {
+    s.main_lengths.push_back(rng.randint(0, 8));
+    s.extra_lengths.push_back(t % 37 == 5 ? rng.randint(1500, 2500) : rng.randint(0, 40));
+  }
+  s.main_lengths[0] = s.extra_lengths[0] = 0;  // an empty row
+  s.p_invalid = 0.02;
+  const DecodeCase c = make_case(rng, s, true);
+  const DeviceCase d(c);
+  const RefRun ref = reference(c);
+  for (int32_t split : {2, 4}) {
+    SCOPED_TRACE("S=" + std::to_string(split));
+    expect_matches(c, run_gpu(c, d, split), ref);
+  }
+}
+
 // Lengths around the 32-key tile, rows with only invalid slots, every invalid slot value of SPEC 9.
 // The CTA owns 4, 2 or 1 head blocks, chosen from the grid size against the SM count. On 132 SMs
 // the suite's small shapes only reach 1 or 2, while batch 128 runs 4: pretend the GPU has few SMs
