@@ -37,6 +37,7 @@
 #include "cuda/common/decode_common.cuh"
 #include "cuda/common/decode_params.cuh"
 #include "cuda/common/device_info.h"
+#include "cuda/sm90/cluster.cuh"
 #include "cuda/sm90/pipeline.cuh"
 #include "cuda/sm90/sm90_backend.h"
 #include "cuda/sm90/wgmma.cuh"
@@ -381,7 +382,8 @@ __device__ __forceinline__ void load_q(const Sm90Params& p, int64_t t, int32_t h
     cuda::load_q_chunk(p, t, h0 + h, c, h < heads, sm.q + cm_offset(h, c, kHeads / 8));
   }
   const cuda::FinishParams& f = p.finish;
-  if (p.num_splits == 1 && f.positions != nullptr && ctid < 64) {
+  const bool finishes_here = p.num_splits == 1 || p.fused_combine;
+  if (finishes_here && f.positions != nullptr && ctid < 64) {
     cuda::cp_async4(sm.rope + ctid, cuda::rope_row(f, t) + ctid);
   }
   cuda::cp_async_commit();
@@ -618,6 +620,153 @@ __device__ __forceinline__ void write_staged(const cuda::FinishParams& f, int64_
   }
 }
 
+// ---- 2 <= S <= 8: the row's splits are one thread-block cluster, the combine runs there -------
+// Each CTA stages its m, l and acc (fp32) in its own Q + K space (free after the last P.V). After
+// a cluster barrier, thread r < 64 of each CTA folds head r's S (m, l) pairs, read from the peers'
+// shared memory, into the coefficients of SPEC 4.3 (the combine kernel's arithmetic), and the CTA
+// of rank r finishes 8-column chunks [r * ceil(64 / S), ...) of every head from the S peers' acc,
+// with the inverse RoPE, into out. No partials reach global memory and no second kernel runs.
+constexpr int kMaxFused = cuda::kMaxFusedSplits;
+constexpr int kAccStride = 520;  // floats per staged acc row: consecutive rows 8 banks apart
+static_assert((kHeads * kAccStride + kHeads * (3 + kMaxFused)) * 4 <= kQBytes + kKStages * kKBytes,
+              "the fused combine's staging fits in Q and the K ring");
+
+struct FusedTile {
+  float* acc;     // [64][kAccStride]
+  float* m;       // [64]
+  float* l;       // [64]
+  float* coef;    // [64][kMaxFused]: weight x 1 / L of each split
+  uint32_t* act;  // [64]: bit s set when split s's acc is read
+};
+__device__ __forceinline__ FusedTile fused_tile(const Smem& sm) {
+  FusedTile f;
+  f.acc = reinterpret_cast<float*>(sm.q);  // Q, then the K ring (contiguous)
+  f.m = f.acc + kHeads * kAccStride;
+  f.l = f.m + kHeads;
+  f.coef = f.l + kHeads;
+  f.act = reinterpret_cast<uint32_t*>(f.coef + kHeads * kMaxFused);
+  return f;
+}
+
+// This split's m, l, acc into the staging tile (fragment order as write_partials).
+__device__ __forceinline__ void fused_stage(const FusedTile& ft, int c, int wtid,
+                                            const RowState& st, const float (&acc)[128]) {
+  const int lane = wtid % 32, warp = wtid / 32, t2 = 2 * (lane % 4);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = 16 * warp + lane / 4 + 8 * h;
+    if (c == 0 && t2 == 0) {
+      ft.m[row] = st.l[h] > 0.0f ? st.m[h] : kNoScore;
+      ft.l[row] = st.l[h] > 0.0f ? st.l[h] : 0.0f;
+    }
+    float* dst = ft.acc + row * kAccStride + 256 * c + t2;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      *reinterpret_cast<float2*>(dst + 8 * j) =
+          make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+    }
+  }
+}
+
+// Head row `row`: the coefficients of the S splits and which are active (combine_small's math);
+// rank 0 stores lse.
+__device__ __forceinline__ void fused_coefficients(const Sm90Params& p, const FusedTile& ft,
+                                                   int64_t t, int32_t h0, int32_t heads, int row,
+                                                   uint32_t rank) {
+  const int32_t S = p.num_splits;
+  float m[kMaxFused], l[kMaxFused];
+#pragma unroll
+  for (int s = 0; s < kMaxFused; ++s) {
+    m[s] = s < S ? load_peer_f32(peer_address(ft.m + row, s)) : kNoScore;
+    l[s] = s < S ? load_peer_f32(peer_address(ft.l + row, s)) : 0.0f;
+  }
+  float max_m = kNoScore;
+#pragma unroll
+  for (int s = 0; s < kMaxFused; ++s) max_m = fmaxf(max_m, m[s]);
+  const int32_t h = h0 + min(row, heads - 1);  // rows past H: any valid sink, never stored
+  const float big_m = cuda::finish_max(max_m, p.finish.sink, h);
+  float sum_wl = 0.f, sum_l = 0.f;
+#pragma unroll
+  for (int s = 0; s < kMaxFused; ++s) {
+    sum_wl += cuda::split_weight(m[s], big_m) * l[s];
+    sum_l += cuda::split_weight(m[s], max_m) * l[s];
+  }
+  const float factor = cuda::finish_factor(sum_wl, big_m, p.finish.sink, h);
+  uint32_t act = 0;
+#pragma unroll
+  for (int s = 0; s < kMaxFused; ++s) {
+    ft.coef[row * kMaxFused + s] = cuda::split_weight(m[s], big_m) * factor;
+    if (factor != 0.0f && m[s] != kNoScore) act |= 1u << s;
+  }
+  ft.act[row] = act;
+  if (rank == 0 && row < heads)
+    cuda::store_lse(p.finish, t, h0 + row, cuda::finish_lse(max_m, sum_l));
+}
+
+// This rank's 8-column chunks of every head: sum of coef x acc over the active peers, inverse
+// RoPE on dims 448.., one bf16 rounding, 16-byte stores (pairs / elements when out is unaligned).
+__device__ __forceinline__ void fused_finish_columns(const Sm90Params& p, const FusedTile& ft,
+                                                     const Smem& sm, int64_t t, int32_t h0,
+                                                     int32_t heads, uint32_t rank, int ctid) {
+  const cuda::FinishParams& f = p.finish;
+  const int32_t S = p.num_splits;
+  const int per = (kChunks + S - 1) / S;
+  const int ch0 = static_cast<int>(rank) * per;
+  const int n = max(0, min(kChunks, ch0 + per) - ch0);
+  for (int it = ctid; it < kHeads * n; it += kConsumers) {
+    const int row = it / n, ch = ch0 + it % n;
+    if (row >= heads) break;  // rows grow with it
+    const uint32_t act = ft.act[row];
+    float o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    for (int s = 0; s < S; ++s) {
+      if (((act >> s) & 1u) == 0) continue;  // inactive: its acc is never read
+      const float cf = ft.coef[row * kMaxFused + s];
+      const uint32_t a = peer_address(ft.acc + row * kAccStride + 8 * ch, s);
+      const float4 v0 = load_peer_f32x4(a), v1 = load_peer_f32x4(a + 16);
+      o[0] += cf * v0.x;
+      o[1] += cf * v0.y;
+      o[2] += cf * v0.z;
+      o[3] += cf * v0.w;
+      o[4] += cf * v1.x;
+      o[5] += cf * v1.y;
+      o[6] += cf * v1.z;
+      o[7] += cf * v1.w;
+    }
+    if (f.positions != nullptr && 8 * ch >= Fp8DsMla::kNopeDims) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int k = (8 * ch - Fp8DsMla::kNopeDims) / 2 + i;
+        cuda::inverse_rope(o[2 * i], o[2 * i + 1], make_float2(sm.rope[k], sm.rope[32 + k]));
+      }
+    }
+    const uint4 v = make_uint4(cuda::bf16x2_bits(o[0], o[1]), cuda::bf16x2_bits(o[2], o[3]),
+                               cuda::bf16x2_bits(o[4], o[5]), cuda::bf16x2_bits(o[6], o[7]));
+    __nv_bfloat16* dst = f.out + t * f.out_stride_token + (h0 + row) * f.out_stride_head + 8 * ch;
+    if (f.out_chunk_aligned) {
+      *reinterpret_cast<uint4*>(dst) = v;
+    } else {
+      store_out_chunk_unaligned(f, dst, v);
+    }
+  }
+}
+
+// The consumers' side of the fused combine (the producer warps take part in both cluster
+// barriers). Every CTA of the cluster runs it, inactive splits included (m = -FLT_MAX).
+__device__ __forceinline__ void fused_combine(const Sm90Params& p, const Smem& sm, int64_t t,
+                                              int32_t h0, int32_t heads, int c, int wtid,
+                                              const RowState& st, const float (&acc)[128],
+                                              int tid) {
+  named_barrier_sync(kExchangeBarrier, kConsumers);  // both warpgroups' wgmma retired: Q, K free
+  const FusedTile ft = fused_tile(sm);
+  fused_stage(ft, c, wtid, st, acc);
+  cluster_sync();
+  const uint32_t rank = cluster_rank();
+  if (tid < kHeads) fused_coefficients(p, ft, t, h0, heads, tid, rank);
+  named_barrier_sync(kExchangeBarrier, kConsumers);
+  fused_finish_columns(p, ft, sm, t, h0, heads, rank, tid);
+  cluster_sync();  // no CTA leaves while a peer may still read its shared memory
+}
+
 // One tile of the consumers' pipeline. `sc` holds Q.K(i) (complete); P.V(i-1) may still run.
 //   scores exchanged (consumer barrier) | softmax into P (beside P.V(i-1)) | wait for P.V(i-1),
 //   rescale (rare) | Q.K(i+1) into `sc`, then P.V(i), issued back to back | wait for Q.K(i+1); K
@@ -699,6 +848,10 @@ __device__ __forceinline__ void consumer_loop(const Sm90Params& p, const SplitWo
   if (w.tiles > 0) consumer_tile<false>(x, w.tiles - 1, st, acc, sc, pa);
   wgmma_wait<0>();
   wgmma_fence_operands(acc);
+  if (p.fused_combine) {
+    fused_combine(p, sm, t, h0, heads, x.c, x.wtid, st, acc, tid);
+    return;
+  }
   if (p.num_splits > 1) {
     write_partials(p, t, s, h0, heads, x.c, x.wtid, st, acc);
     return;
@@ -724,7 +877,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   int32_t work;
   const SplitWork w = split_work(p, t, s, &work);
-  if (s >= work) {  // inactive (SPEC 4.5): m = -FLT_MAX, l = 0, acc untouched
+  if (s >= work && !p.fused_combine) {  // inactive (SPEC 4.5): m = -FLT_MAX, l = 0, acc untouched
     if (tid < heads) {
       const int64_t r = (t * p.num_splits + s) * p.num_heads + h0 + tid;
       p.ws_m[r] = kNoScore;
@@ -744,6 +897,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (tid >= kConsumers) {
     setmaxnreg_dec<kProducerRegs>();
     producer_loop(p, w, sm, tid - kConsumers);
+    if (p.fused_combine) {  // the consumers' two cluster barriers (fused_combine)
+      __syncwarp();
+      cluster_sync();
+      cluster_sync();
+    }
   } else {
     setmaxnreg_inc<kConsumerRegs>();
     consumer_loop(p, w, sm, t, s, h0, heads, tid);
@@ -764,6 +922,54 @@ void opt_in_once() {
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
                      "cudaFuncSetAttribute(decode_sm90_kernel)");
   });
+}
+
+cudaLaunchConfig_t launch_config(dim3 grid, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = kSmemBytes;
+  cfg.stream = stream;
+  return cfg;
+}
+
+// Whether clusters of `splits` CTAs of this kernel can be resident on the current device (one CTA
+// per SM, all in one GPC); asked once per device and size.
+bool fused_combine_fits(int32_t splits) {
+  if (splits < 2 || splits > cuda::kMaxFusedSplits) return false;
+  static std::array<std::array<std::once_flag, cuda::kMaxFusedSplits + 1>, kMaxDevices> once;
+  static std::array<std::array<bool, cuda::kMaxFusedSplits + 1>, kMaxDevices> fits{};
+  int dev = 0;
+  cuda::check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  std::call_once(once[dev][splits], [dev, splits] {
+    cudaLaunchConfig_t cfg = launch_config(dim3(1, splits, 1), nullptr);
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = 1;
+    attr.val.clusterDim.y = splits;
+    attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    int clusters = 0;
+    fits[dev][splits] =
+        cudaOccupancyMaxActiveClusters(&clusters, decode_sm90_kernel, &cfg) == cudaSuccess &&
+        clusters >= 1;
+    cudaGetLastError();  // a refusal only means "not fused"
+  });
+  return fits[dev][splits];
+}
+
+void launch_clustered(const Sm90Params& k, dim3 grid, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg = launch_config(grid, stream);
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = 1;
+  attr.val.clusterDim.y = grid.y;
+  attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  cuda::check_cuda(cudaLaunchKernelEx(&cfg, decode_sm90_kernel, k),
+                   "decode_sm90_kernel launch (clusters)");
 }
 
 }  // namespace
@@ -790,7 +996,7 @@ void sparse_decode(const DecodeParams& p, int32_t num_splits, void* workspace) {
   if (p.num_tokens == 0) return;
   cuda::check_decode_launch(p, num_splits, workspace);
   opt_in_once();
-  const Sm90Params k = cuda::decode_kernel_params(p, num_splits, workspace, /*specialised=*/true);
+  Sm90Params k = cuda::decode_kernel_params(p, num_splits, workspace, /*specialised=*/true);
   // The producer's cp.async.bulk needs 16-byte aligned rows (the architecture gate routes other
   // caches to the generic path; this keeps a direct call from faulting).
   SPARSEMLA_CHECK_ARG(k.main_cache.aligned16 != 0, "sparse_decode", "main_cache",
@@ -801,6 +1007,11 @@ void sparse_decode(const DecodeParams& p, int32_t num_splits, void* workspace) {
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(num_splits),
                   static_cast<unsigned>((p.num_heads + kHeads - 1) / kHeads));
+  k.fused_combine = fused_combine_fits(num_splits) ? 1 : 0;
+  if (k.fused_combine) {  // one launch: the splits of a row combine in their cluster
+    launch_clustered(k, grid, stream);
+    return;
+  }
   decode_sm90_kernel<<<grid, kThreads, kSmemBytes, stream>>>(k);
   cuda::check_cuda(cudaGetLastError(), "decode_sm90_kernel launch");
   if (num_splits > 1) cuda::launch_combine(k, stream);
