@@ -33,7 +33,7 @@ struct DecodeKernelParams {
   int32_t scrub_extra;    // the main cache is always scrubbed
   int32_t adaptive;       // SPEC 4.5 active splits
   int32_t one_wave;       // ONE_WAVE (host)
-  int32_t fused_combine;  // sm90, 2 <= S <= 8: a row's splits are one cluster and combine there
+  int32_t fused_combine;  // sm90, S = 2: a row's splits are one cluster and combine there
   float* ws_m;            // [T, S, H]  (S > 1)
   float* ws_l;            // [T, S, H]
   float* ws_acc;          // [T, S, H, 512]

@@ -620,14 +620,15 @@ __device__ __forceinline__ void write_staged(const cuda::FinishParams& f, int64_
   }
 }
 
-// ---- 2 <= S <= 8: the row's splits are one thread-block cluster, the combine runs there -------
+// ---- S = 2 (kMaxFused): the row's splits are one thread-block cluster, combined there ----------
 // Each CTA stages its m, l and acc (fp32) in its own Q + K space (free after the last P.V). After
 // a cluster barrier, thread r < 64 of each CTA folds head r's S (m, l) pairs, read from the peers'
 // shared memory, into the coefficients of SPEC 4.3 (the combine kernel's arithmetic), and the CTA
 // of rank r finishes 8-column chunks [r * ceil(64 / S), ...) of every head from the S peers' acc,
 // with the inverse RoPE, into out. No partials reach global memory and no second kernel runs.
 constexpr int kMaxFused = cuda::kMaxFusedSplits;
-constexpr int kAccStride = 520;  // floats per staged acc row: consecutive rows 8 banks apart
+constexpr int kAccStride = 520;         // floats per staged acc row: consecutive rows 8 banks apart
+constexpr int kFusedLoadsPerRound = 8;  // (chunk, peer) pairs whose loads are in flight together
 static_assert((kHeads * kAccStride + kHeads * (3 + kMaxFused)) * 4 <= kQBytes + kKStages * kKBytes,
               "the fused combine's staging fits in Q and the K ring");
 
@@ -705,24 +706,26 @@ __device__ __forceinline__ void fused_coefficients(const Sm90Params& p, const Fu
 
 // This rank's 8-column chunks of every head: sum of coef x acc over the active peers, inverse
 // RoPE on dims 448.., one bf16 rounding, 16-byte stores (pairs / elements when out is unaligned).
-// A thread takes kGroup = 8 / S consecutive chunks per round and issues the distributed-shared-
-// memory loads of all of them (8 x 32 bytes) before using any: one round trip per round instead
-// of one per (chunk, peer) (~0.5 us each way, measured: the serial form cost ~5 us at S = 8).
+// A thread takes kGroup = 8 / S chunks per round and issues the distributed-shared-memory loads
+// of all of them (8 x 32 bytes) before using any: one round trip per round, not per chunk.
 template <int kS>
 __device__ __forceinline__ void fused_finish_columns(const Sm90Params& p, const FusedTile& ft,
                                                      const Smem& sm, int64_t t, int32_t h0,
                                                      int32_t heads, uint32_t rank, int ctid) {
-  constexpr int kGroup = kMaxFused / kS, kPer = (kChunks + kS - 1) / kS;
+  constexpr int kGroup = kFusedLoadsPerRound / kS, kPer = (kChunks + kS - 1) / kS;
   const cuda::FinishParams& f = p.finish;
   const int ch0 = static_cast<int>(rank) * kPer;
   const int n = max(0, min(kChunks, ch0 + kPer) - ch0);
   const int items = heads * n;  // (row, chunk) pairs, rows below H only
-  for (int base = ctid * kGroup; base < items; base += kConsumers * kGroup) {
+  // Round r: items base + g * 256 + ctid (consecutive threads on consecutive chunks: 2-way bank
+  // conflicts at most; a thread on kGroup consecutive chunks was 8-way and cost ~4 us).
+  for (int base = 0; base < items; base += kConsumers * kGroup) {
     float4 v[kGroup][kS][2];
     uint32_t act[kGroup];
 #pragma unroll
     for (int g = 0; g < kGroup; ++g) {
-      const int it = min(base + g, items - 1), row = it / n, ch = ch0 + it % n;
+      const int it = min(base + g * kConsumers + ctid, items - 1), row = it / n;
+      const int ch = ch0 + it % n;
       act[g] = ft.act[row];
 #pragma unroll
       for (int s = 0; s < kS; ++s) {
@@ -736,8 +739,9 @@ __device__ __forceinline__ void fused_finish_columns(const Sm90Params& p, const 
     }
 #pragma unroll
     for (int g = 0; g < kGroup; ++g) {
-      if (base + g >= items) break;
-      const int row = (base + g) / n, ch = ch0 + (base + g) % n;
+      const int it = base + g * kConsumers + ctid;
+      if (it >= items) break;
+      const int row = it / n, ch = ch0 + it % n;
       float o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
 #pragma unroll
       for (int s = 0; s < kS; ++s) {
@@ -772,34 +776,6 @@ __device__ __forceinline__ void fused_finish_columns(const Sm90Params& p, const 
   }
 }
 
-__device__ __forceinline__ void fused_finish_columns_any(const Sm90Params& p, const FusedTile& ft,
-                                                         const Smem& sm, int64_t t, int32_t h0,
-                                                         int32_t heads, uint32_t rank, int ctid) {
-  switch (p.num_splits) {
-    case 2:
-      fused_finish_columns<2>(p, ft, sm, t, h0, heads, rank, ctid);
-      break;
-    case 3:
-      fused_finish_columns<3>(p, ft, sm, t, h0, heads, rank, ctid);
-      break;
-    case 4:
-      fused_finish_columns<4>(p, ft, sm, t, h0, heads, rank, ctid);
-      break;
-    case 5:
-      fused_finish_columns<5>(p, ft, sm, t, h0, heads, rank, ctid);
-      break;
-    case 6:
-      fused_finish_columns<6>(p, ft, sm, t, h0, heads, rank, ctid);
-      break;
-    case 7:
-      fused_finish_columns<7>(p, ft, sm, t, h0, heads, rank, ctid);
-      break;
-    default:
-      fused_finish_columns<8>(p, ft, sm, t, h0, heads, rank, ctid);
-      break;
-  }
-}
-
 // The consumers' side of the fused combine (the producer warps take part in both cluster
 // barriers). Every CTA of the cluster runs it, inactive splits included (m = -FLT_MAX).
 __device__ __forceinline__ void fused_combine(const Sm90Params& p, const Smem& sm, int64_t t,
@@ -813,7 +789,7 @@ __device__ __forceinline__ void fused_combine(const Sm90Params& p, const Smem& s
   const uint32_t rank = cluster_rank();
   if (tid < kHeads) fused_coefficients(p, ft, t, h0, heads, tid, rank);
   named_barrier_sync(kExchangeBarrier, kConsumers);
-  fused_finish_columns_any(p, ft, sm, t, h0, heads, rank, tid);
+  fused_finish_columns<kMaxFused>(p, ft, sm, t, h0, heads, rank, tid);
   cluster_sync();  // no CTA leaves while a peer may still read its shared memory
 }
 
