@@ -620,15 +620,14 @@ __device__ __forceinline__ void write_staged(const cuda::FinishParams& f, int64_
   }
 }
 
-// ---- S = 2 (kMaxFused): the row's splits are one thread-block cluster, combined there ----------
+// ---- 2 <= S <= 8: the row's splits are one thread-block cluster, the combine runs there -------
 // Each CTA stages its m, l and acc (fp32) in its own Q + K space (free after the last P.V). After
 // a cluster barrier, thread r < 64 of each CTA folds head r's S (m, l) pairs, read from the peers'
 // shared memory, into the coefficients of SPEC 4.3 (the combine kernel's arithmetic), and the CTA
 // of rank r finishes 8-column chunks [r * ceil(64 / S), ...) of every head from the S peers' acc,
 // with the inverse RoPE, into out. No partials reach global memory and no second kernel runs.
 constexpr int kMaxFused = cuda::kMaxFusedSplits;
-constexpr int kAccStride = 520;         // floats per staged acc row: consecutive rows 8 banks apart
-constexpr int kFusedLoadsPerRound = 8;  // (chunk, peer) pairs whose loads are in flight together
+constexpr int kAccStride = 520;  // floats per staged acc row: consecutive rows 8 banks apart
 static_assert((kHeads * kAccStride + kHeads * (3 + kMaxFused)) * 4 <= kQBytes + kKStages * kKBytes,
               "the fused combine's staging fits in Q and the K ring");
 
@@ -706,26 +705,24 @@ __device__ __forceinline__ void fused_coefficients(const Sm90Params& p, const Fu
 
 // This rank's 8-column chunks of every head: sum of coef x acc over the active peers, inverse
 // RoPE on dims 448.., one bf16 rounding, 16-byte stores (pairs / elements when out is unaligned).
-// A thread takes kGroup = 8 / S chunks per round and issues the distributed-shared-memory loads
-// of all of them (8 x 32 bytes) before using any: one round trip per round, not per chunk.
+// A thread takes kGroup = 8 / S consecutive chunks per round and issues the distributed-shared-
+// memory loads of all of them (8 x 32 bytes) before using any: one round trip per round instead
+// of one per (chunk, peer) (~0.5 us each way, measured: the serial form cost ~5 us at S = 8).
 template <int kS>
 __device__ __forceinline__ void fused_finish_columns(const Sm90Params& p, const FusedTile& ft,
                                                      const Smem& sm, int64_t t, int32_t h0,
                                                      int32_t heads, uint32_t rank, int ctid) {
-  constexpr int kGroup = kFusedLoadsPerRound / kS, kPer = (kChunks + kS - 1) / kS;
+  constexpr int kGroup = kMaxFused / kS, kPer = (kChunks + kS - 1) / kS;
   const cuda::FinishParams& f = p.finish;
   const int ch0 = static_cast<int>(rank) * kPer;
   const int n = max(0, min(kChunks, ch0 + kPer) - ch0);
   const int items = heads * n;  // (row, chunk) pairs, rows below H only
-  // Round r: items base + g * 256 + ctid (consecutive threads on consecutive chunks: 2-way bank
-  // conflicts at most; a thread on kGroup consecutive chunks was 8-way and cost ~4 us).
-  for (int base = 0; base < items; base += kConsumers * kGroup) {
+  for (int base = ctid * kGroup; base < items; base += kConsumers * kGroup) {
     float4 v[kGroup][kS][2];
     uint32_t act[kGroup];
 #pragma unroll
     for (int g = 0; g < kGroup; ++g) {
-      const int it = min(base + g * kConsumers + ctid, items - 1), row = it / n;
-      const int ch = ch0 + it % n;
+      const int it = min(base + g, items - 1), row = it / n, ch = ch0 + it % n;
       act[g] = ft.act[row];
 #pragma unroll
       for (int s = 0; s < kS; ++s) {
@@ -739,9 +736,8 @@ __device__ __forceinline__ void fused_finish_columns(const Sm90Params& p, const 
     }
 #pragma unroll
     for (int g = 0; g < kGroup; ++g) {
-      const int it = base + g * kConsumers + ctid;
-      if (it >= items) break;
-      const int row = it / n, ch = ch0 + it % n;
+      if (base + g >= items) break;
+      const int row = (base + g) / n, ch = ch0 + (base + g) % n;
       float o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
 #pragma unroll
       for (int s = 0; s < kS; ++s) {
@@ -776,6 +772,34 @@ __device__ __forceinline__ void fused_finish_columns(const Sm90Params& p, const 
   }
 }
 
+__device__ __forceinline__ void fused_finish_columns_any(const Sm90Params& p, const FusedTile& ft,
+                                                         const Smem& sm, int64_t t, int32_t h0,
+                                                         int32_t heads, uint32_t rank, int ctid) {
+  switch (p.num_splits) {
+    case 2:
+      fused_finish_columns<2>(p, ft, sm, t, h0, heads, rank, ctid);
+      break;
+    case 3:
+      fused_finish_columns<3>(p, ft, sm, t, h0, heads, rank, ctid);
+      break;
+    case 4:
+      fused_finish_columns<4>(p, ft, sm, t, h0, heads, rank, ctid);
+      break;
+    case 5:
+      fused_finish_columns<5>(p, ft, sm, t, h0, heads, rank, ctid);
+      break;
+    case 6:
+      fused_finish_columns<6>(p, ft, sm, t, h0, heads, rank, ctid);
+      break;
+    case 7:
+      fused_finish_columns<7>(p, ft, sm, t, h0, heads, rank, ctid);
+      break;
+    default:
+      fused_finish_columns<8>(p, ft, sm, t, h0, heads, rank, ctid);
+      break;
+  }
+}
+
 // The consumers' side of the fused combine (the producer warps take part in both cluster
 // barriers). Every CTA of the cluster runs it, inactive splits included (m = -FLT_MAX).
 __device__ __forceinline__ void fused_combine(const Sm90Params& p, const Smem& sm, int64_t t,
@@ -789,7 +813,7 @@ __device__ __forceinline__ void fused_combine(const Sm90Params& p, const Smem& s
   const uint32_t rank = cluster_rank();
   if (tid < kHeads) fused_coefficients(p, ft, t, h0, heads, tid, rank);
   named_barrier_sync(kExchangeBarrier, kConsumers);
-  fused_finish_columns<kMaxFused>(p, ft, sm, t, h0, heads, rank, tid);
+  fused_finish_columns_any(p, ft, sm, t, h0, heads, rank, tid);
   cluster_sync();  // no CTA leaves while a peer may still read its shared memory
 }
 
@@ -986,12 +1010,16 @@ int fused_cluster_capacity(int32_t splits) {
   return capacity[dev][splits];
 }
 
-// The fused combine when every cluster of the grid is resident in one wave: a cluster needs S
-// free SMs of one GPC at once, and a second wave of clusters doubled the time (C4-Pro B = 8,
-// S = 8: 56.8 us fused against 34.8 us with the combine kernel).
+// The fused combine runs at S = 2 when every cluster of the grid is resident in one wave (a
+// cluster needs S free SMs of one GPC at once: 66 clusters of 2 fit on the H200). Measured
+// (docs/PERF.md, sm90 step 4.1): S = 2 fused is faster (C4-Pro B = 32: 73 -> 53 us, MTP-Flash
+// B = 32: 57.5 -> 40 us); S = 4..8 fused was slower than the combine kernel in every cell measured
+// (C4-Flash B = 8 S = 8: 28.5 against 25.1 us at the planner's S = 10; a second wave of clusters
+// doubled C4-Pro B = 8 S = 8: 56.8 against 34.8 us). The kernel handles S up to kMaxFusedSplits.
+constexpr int32_t kFusedSplits = 2;
+
 bool use_fused_combine(int64_t clusters, int32_t splits) {
-  return splits >= 2 && splits <= cuda::kMaxFusedSplits &&
-         clusters <= fused_cluster_capacity(splits);
+  return splits == kFusedSplits && clusters <= fused_cluster_capacity(splits);
 }
 
 void launch_clustered(const Sm90Params& k, dim3 grid, cudaStream_t stream) {
