@@ -545,7 +545,7 @@ def auto_prefers_sm90(num_tokens, num_heads, width_main, width_extra, num_sms=13
                       deterministic=False):
     """Whether ``path="auto"`` takes the sm90 kernels where the architecture gate allows them: where
     they were measured faster than the generic ones on the H200 (not deterministic; >= 64 heads
-    with >= 16 CTAs of 64 heads or >= 8 with rows of >= 2048 keys; 16..63 heads from 32 query
+    with >= 16 CTAs of 64 heads or >= 8 with rows of >= 2048 keys; 8..63 heads from 32 query
     rows; docs/PERF.md)."""
     return _C.auto_prefers_sm90(num_tokens, num_heads, width_main, width_extra, num_sms,
                                 bool(deterministic))

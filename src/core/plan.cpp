@@ -156,12 +156,12 @@ int32_t plan_sm90_tuned(const PlanShape& shape) {
 // first gather and the combine dominate). Below 64 heads (the 64-row tile computes 2-8x the heads)
 // it wins from 32 query rows at 16 and 32 heads (tp-h16 B=32: 30.3 vs 33.9 us, B=128: 74.3 vs
 // 90.8; tp-h32 B=32: 35.0 vs 55.3, B=128: 74.5 vs 105.4) and loses at B=8 (21.1 vs 20.7, 23.9 vs
-// 23.7 us). 8 heads stay generic: its B=128 cell was slower on sm90 (S=3: 95.8 vs 89.4 us) and
-// has not been measured with the re-tuned S.
+// 23.7 us). 8 heads too, measured with the re-tuned S (record 2026-11-29T23:04Z): tp-h8 B=32
+// 30.0 vs 33.0 us, B=128 74.1 vs 89.7 us (B=8: 21.2 vs 18.7, generic).
 constexpr int64_t kSm90MinCtas = 16;
 constexpr int64_t kSm90MinCtasLongRows = 8;
 constexpr int64_t kSm90LongRowKeys = 2048;
-constexpr int32_t kSm90MinNarrowHeads = 16;
+constexpr int32_t kSm90MinNarrowHeads = 8;
 constexpr int64_t kSm90MinNarrowTokens = 32;
 
 bool auto_prefers_sm90(const PlanShape& shape, bool deterministic) {

@@ -333,6 +333,8 @@ TEST(AutoPrefersSm90, MatchesTheMeasuredCellsOnTheH200) {
       {128, 16, 128, 1024, true}, {32, 32, 128, 1024, true},   // tp-h16 B=128, tp-h32 B=32
       {32, 16, 128, 1024, true},  {128, 32, 128, 1024, true},  // tp-h16 B=32, tp-h32 B=128
       {8, 16, 128, 1024, false},  {8, 32, 128, 1024, false},   // tp-h16 / tp-h32 B=8
+      {32, 8, 128, 1024, true},   {128, 8, 128, 1024, true},   // tp-h8 B=32, 128
+      {8, 8, 128, 1024, false},   {128, 4, 128, 1024, false},  // tp-h8 B=8; 4 heads: unmeasured
   };
   for (const Cell& c : cells) {
     PlanShape s;
