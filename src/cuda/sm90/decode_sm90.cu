@@ -985,6 +985,16 @@ cudaLaunchConfig_t launch_config(dim3 grid, cudaStream_t stream) {
   return cfg;
 }
 
+// A row's S splits as one cluster (grid (T, S, head groups)).
+cudaLaunchAttribute row_cluster(int32_t splits) {
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = 1;
+  attr.val.clusterDim.y = static_cast<unsigned>(splits);
+  attr.val.clusterDim.z = 1;
+  return attr;
+}
+
 // How many clusters of `splits` CTAs of this kernel can be resident at once on the current device
 // (one CTA per SM, a cluster within one GPC; 0 when refused); asked once per device and size.
 int fused_cluster_capacity(int32_t splits) {
@@ -995,11 +1005,7 @@ int fused_cluster_capacity(int32_t splits) {
   cuda::check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
   std::call_once(once[dev][splits], [dev, splits] {
     cudaLaunchConfig_t cfg = launch_config(dim3(1, splits, 1), nullptr);
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = 1;
-    attr.val.clusterDim.y = splits;
-    attr.val.clusterDim.z = 1;
+    cudaLaunchAttribute attr = row_cluster(splits);
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
     int clusters = 0;
@@ -1026,11 +1032,7 @@ bool use_fused_combine(int64_t clusters, int32_t splits) {
 
 void launch_clustered(const Sm90Params& k, dim3 grid, cudaStream_t stream) {
   cudaLaunchConfig_t cfg = launch_config(grid, stream);
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = 1;
-  attr.val.clusterDim.y = grid.y;
-  attr.val.clusterDim.z = 1;
+  cudaLaunchAttribute attr = row_cluster(static_cast<int32_t>(grid.y));
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
   cuda::check_cuda(cudaLaunchKernelEx(&cfg, decode_sm90_kernel, k),
