@@ -1074,7 +1074,10 @@ void sparse_decode(const DecodeParams& p, int32_t num_splits, void* workspace) {
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(num_splits),
                   static_cast<unsigned>((p.num_heads + kHeads - 1) / kHeads));
-  k.fused_combine = use_fused_combine(int64_t{grid.x} * grid.z, num_splits) ? 1 : 0;
+  // Not for deterministic calls: whether the clusters fit depends on T, and a row's bits must not
+  // (the two epilogues may round differently).
+  k.fused_combine =
+      !p.deterministic && use_fused_combine(int64_t{grid.x} * grid.z, num_splits) ? 1 : 0;
   if (k.fused_combine) {  // one launch: the splits of a row combine in their cluster
     launch_clustered(k, grid, stream);
     return;
