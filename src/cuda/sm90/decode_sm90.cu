@@ -622,7 +622,7 @@ __device__ __forceinline__ void write_staged(const cuda::FinishParams& f, int64_
   }
 }
 
-// ---- 2 <= S <= 8: the row's splits are one thread-block cluster, the combine runs there -------
+// ---- 2 <= S <= 8 (the host uses S = 2): a row's splits as one cluster, combined there -------
 // Each CTA stages its m, l and acc (fp32) in its own Q + K space (free after the last P.V). After
 // a cluster barrier, thread r < 64 of each CTA folds head r's S (m, l) pairs, read from the peers'
 // shared memory, into the coefficients of SPEC 4.3 (the combine kernel's arithmetic), and the CTA
