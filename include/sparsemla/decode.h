@@ -73,7 +73,8 @@ int32_t decode_num_splits(const DecodeParams& p);
 // (the full validation message; valid until the next call on this thread), on true it is null.
 bool decode_is_supported(const DecodeParams& p, const char** why = nullptr);
 
-// Runs the decode. workspace may be null only when the chosen S is 1.
+// Runs the decode. workspace may be null only when the chosen S is 1 (the sm90 path may combine a
+// row's splits in-kernel, at S = 2, and then leaves the workspace untouched).
 void sparse_decode(const DecodeParams& p, void* workspace, size_t workspace_bytes);
 
 // Reference: float64 on the dequantised cache (scrub decisions as the kernels), no bf16 rounding of
