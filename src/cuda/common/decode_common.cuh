@@ -363,6 +363,34 @@ __device__ __forceinline__ float finish_factor(float sum_wl, float big_m, const 
   return total > 0.0f ? 1.0f / fmaxf(total, 1e-30f) : 0.0f;
 }
 
+// SPEC 4.3's finish of N splits (m_s, l_s) of row head h: M' = max m_s (for lse), the maximum
+// with the sink, L' (for lse) and the multiplier 1 / L; split s's acc then weighs
+// split_weight(m_s, big_m) * factor. Splits past the real count pass m = -FLT_MAX, l = 0.
+struct SplitsFinish {
+  float max_m;
+  float big_m;
+  float factor;
+  float sum_l;
+};
+template <int N>
+__device__ __forceinline__ SplitsFinish finish_splits(const float (&m)[N], const float (&l)[N],
+                                                      const float* sink, int32_t h) {
+  SplitsFinish r;
+  r.max_m = kNoScore;
+#pragma unroll
+  for (int s = 0; s < N; ++s) r.max_m = fmaxf(r.max_m, m[s]);
+  r.big_m = finish_max(r.max_m, sink, h);
+  float sum_wl = 0.f, sum_l = 0.f;  // with the sink's maximum / without (lse)
+#pragma unroll
+  for (int s = 0; s < N; ++s) {
+    sum_wl += split_weight(m[s], r.big_m) * l[s];
+    sum_l += split_weight(m[s], r.max_m) * l[s];
+  }
+  r.factor = finish_factor(sum_wl, r.big_m, sink, h);
+  r.sum_l = sum_l;
+  return r;
+}
+
 // Head h's sink as a value: -inf when there is none (max(m, -inf) = m and exp(-inf - M) = 0, so
 // the finish below gives the same bits as without a sink). Lets a kernel load it long before use.
 __device__ __forceinline__ float sink_value(const float* sink, int32_t h) {

@@ -90,17 +90,8 @@ __device__ __forceinline__ void combine_small(const CombineParams& p, int64_t ro
     m[s] = s < S ? __ldcg(p.ws_m + row0 + s * H) : kNoScore;
     l[s] = s < S ? __ldcg(p.ws_l + row0 + s * H) : 0.0f;
   }
-  float max_m = kNoScore;
-#pragma unroll
-  for (int s = 0; s < kCombineFast; ++s) max_m = fmaxf(max_m, m[s]);
-  const float big_m = cuda::finish_max(max_m, p.finish.sink, h);
-  float sum_wl = 0.f, sum_l = 0.f;  // with the sink's maximum / without (lse)
-#pragma unroll
-  for (int s = 0; s < kCombineFast; ++s) {
-    sum_wl += cuda::split_weight(m[s], big_m) * l[s];
-    sum_l += cuda::split_weight(m[s], max_m) * l[s];
-  }
-  const float factor = cuda::finish_factor(sum_wl, big_m, p.finish.sink, h);
+  const cuda::SplitsFinish fin = cuda::finish_splits(m, l, p.finish.sink, h);
+  const float big_m = fin.big_m, factor = fin.factor;
   if (factor != 0.0f) {
     // Inactive splits: acc never read (stale NaN/Inf). The workspace is only 8-byte aligned.
     float2 v0[kCombineFast], v1[kCombineFast];
@@ -120,8 +111,8 @@ __device__ __forceinline__ void combine_small(const CombineParams& p, int64_t ro
       o[3] += c * v1[s].y;
     }
   }
-  *max_m_out = max_m;
-  *sum_l_out = sum_l;
+  *max_m_out = fin.max_m;
+  *sum_l_out = fin.sum_l;
 }
 
 __device__ __forceinline__ void combine_any(const CombineParams& p, int64_t row0, int32_t h,

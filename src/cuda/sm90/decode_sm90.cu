@@ -682,27 +682,17 @@ __device__ __forceinline__ void fused_coefficients(const Sm90Params& p, const Fu
     m[s] = s < S ? load_peer_f32(peer_address(ft.m + row, s)) : kNoScore;
     l[s] = s < S ? load_peer_f32(peer_address(ft.l + row, s)) : 0.0f;
   }
-  float max_m = kNoScore;
-#pragma unroll
-  for (int s = 0; s < kMaxFused; ++s) max_m = fmaxf(max_m, m[s]);
   const int32_t h = h0 + min(row, heads - 1);  // rows past H: any valid sink, never stored
-  const float big_m = cuda::finish_max(max_m, p.finish.sink, h);
-  float sum_wl = 0.f, sum_l = 0.f;
-#pragma unroll
-  for (int s = 0; s < kMaxFused; ++s) {
-    sum_wl += cuda::split_weight(m[s], big_m) * l[s];
-    sum_l += cuda::split_weight(m[s], max_m) * l[s];
-  }
-  const float factor = cuda::finish_factor(sum_wl, big_m, p.finish.sink, h);
+  const cuda::SplitsFinish fin = cuda::finish_splits(m, l, p.finish.sink, h);
   uint32_t act = 0;
 #pragma unroll
   for (int s = 0; s < kMaxFused; ++s) {
-    ft.coef[row * kMaxFused + s] = cuda::split_weight(m[s], big_m) * factor;
-    if (factor != 0.0f && m[s] != kNoScore) act |= 1u << s;
+    ft.coef[row * kMaxFused + s] = cuda::split_weight(m[s], fin.big_m) * fin.factor;
+    if (fin.factor != 0.0f && m[s] != kNoScore) act |= 1u << s;
   }
   ft.act[row] = act;
   if (rank == 0 && row < heads)
-    cuda::store_lse(p.finish, t, h0 + row, cuda::finish_lse(max_m, sum_l));
+    cuda::store_lse(p.finish, t, h0 + row, cuda::finish_lse(fin.max_m, fin.sum_l));
 }
 
 // This rank's 8-column chunks of every head: sum of coef x acc over the active peers, inverse
