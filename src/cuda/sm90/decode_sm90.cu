@@ -527,6 +527,12 @@ __device__ __forceinline__ void exchange_scores(const Smem& sm, int32_t i, bool 
   if (more) named_barrier_arrive(kScoresReadBarrier + (1 - c), kConsumers);
 }
 
+// Head row of a consumer thread's accumulator fragment half h (wgmma m64 layout: 16 rows per
+// warp, lane / 4 within them, + 8 for the second half).
+__device__ __forceinline__ int fragment_row(int warp, int lane, int h) {
+  return 16 * warp + lane / 4 + 8 * h;
+}
+
 // Byte offset of the 16-byte output chunk (row, ch) in the staging tile (64 rows x 1 KiB, in the
 // Q buffer once every Q.K has completed): chunk ch ^ (row % 8), so both the fragment writes (8 rows
 // x 4 lanes of a warp) and the row-wise 16-byte reads are conflict-free.
@@ -538,10 +544,10 @@ __device__ __forceinline__ int stage_offset(int row, int ch) {
 __device__ __forceinline__ void write_partials(const Sm90Params& p, int64_t t, int32_t s,
                                                int32_t h0, int32_t heads, int c, int wtid,
                                                const RowState& st, const float (&acc)[128]) {
-  const int lane = wtid % 32, warp = wtid / 32, t2 = 2 * (lane % 4);
+  const int lane = wtid % 32, t2 = 2 * (lane % 4);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int row = 16 * warp + lane / 4 + 8 * h;
+    const int row = fragment_row(wtid / 32, lane, h);
     if (row >= heads) continue;
     const float l = st.l[h] > 0.0f ? st.l[h] : 0.0f;
     const int64_t r = (t * p.num_splits + s) * p.num_heads + h0 + row;
@@ -566,11 +572,11 @@ __device__ __forceinline__ void stage_finished(const Sm90Params& p, int64_t t, i
                                                const float (&sink_v)[2], const float (&acc)[128],
                                                const Smem& sm) {
   const cuda::FinishParams& f = p.finish;
-  const int lane = wtid % 32, warp = wtid / 32, t2 = 2 * (lane % 4);
+  const int lane = wtid % 32, t2 = 2 * (lane % 4);
   const bool rope = f.positions != nullptr && c == 1;  // dims 448.. are warpgroup 1's last 64
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int row = 16 * warp + lane / 4 + 8 * h;
+    const int row = fragment_row(wtid / 32, lane, h);
     const float l = st.l[h] > 0.0f ? st.l[h] : 0.0f;
     const float m = st.l[h] > 0.0f ? st.m[h] : kNoScore;
     const float coef = cuda::one_split_coef(m, l, sink_v[h]);
@@ -604,6 +610,17 @@ __device__ __noinline__ void store_out_chunk_unaligned(const cuda::FinishParams&
   }
 }
 
+// 8 bf16 output values of row (t, h), dims [8 ch, +8): one 16-byte store when out allows it.
+__device__ __forceinline__ void store_out_chunk(const cuda::FinishParams& f, int64_t t, int32_t h,
+                                                int ch, uint4 v) {
+  __nv_bfloat16* dst = f.out + t * f.out_stride_token + h * f.out_stride_head + 8 * ch;
+  if (f.out_chunk_aligned) {
+    *reinterpret_cast<uint4*>(dst) = v;
+  } else {
+    store_out_chunk_unaligned(f, dst, v);
+  }
+}
+
 // S == 1, step 2: the staged rows h0.. to out, 16-byte chunks with consecutive threads along a
 // row (pair or element stores where out is not 16-byte aligned).
 __device__ __forceinline__ void write_staged(const cuda::FinishParams& f, int64_t t, int32_t h0,
@@ -612,13 +629,8 @@ __device__ __forceinline__ void write_staged(const cuda::FinishParams& f, int64_
   for (int n = 0; n < kHeads * kChunks / kConsumers; ++n) {
     const int j = ctid + kConsumers * n, row = j / kChunks, ch = j % kChunks;
     if (row >= heads) break;  // rows grow with n
-    const uint4 v = *reinterpret_cast<const uint4*>(sm.q + stage_offset(row, ch));
-    __nv_bfloat16* dst = f.out + t * f.out_stride_token + (h0 + row) * f.out_stride_head + 8 * ch;
-    if (f.out_chunk_aligned) {
-      *reinterpret_cast<uint4*>(dst) = v;
-    } else {
-      store_out_chunk_unaligned(f, dst, v);
-    }
+    store_out_chunk(f, t, h0 + row, ch,
+                    *reinterpret_cast<const uint4*>(sm.q + stage_offset(row, ch)));
   }
 }
 
@@ -653,10 +665,10 @@ __device__ __forceinline__ FusedTile fused_tile(const Smem& sm) {
 // This split's m, l, acc into the staging tile (fragment order as write_partials).
 __device__ __forceinline__ void fused_stage(const FusedTile& ft, int c, int wtid,
                                             const RowState& st, const float (&acc)[128]) {
-  const int lane = wtid % 32, warp = wtid / 32, t2 = 2 * (lane % 4);
+  const int lane = wtid % 32, t2 = 2 * (lane % 4);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int row = 16 * warp + lane / 4 + 8 * h;
+    const int row = fragment_row(wtid / 32, lane, h);
     if (c == 0 && t2 == 0) {
       ft.m[row] = st.l[h] > 0.0f ? st.m[h] : kNoScore;
       ft.l[row] = st.l[h] > 0.0f ? st.l[h] : 0.0f;
@@ -754,12 +766,7 @@ __device__ __forceinline__ void fused_finish_columns(const Sm90Params& p, const 
       }
       const uint4 w = make_uint4(cuda::bf16x2_bits(o[0], o[1]), cuda::bf16x2_bits(o[2], o[3]),
                                  cuda::bf16x2_bits(o[4], o[5]), cuda::bf16x2_bits(o[6], o[7]));
-      __nv_bfloat16* dst = f.out + t * f.out_stride_token + (h0 + row) * f.out_stride_head + 8 * ch;
-      if (f.out_chunk_aligned) {
-        *reinterpret_cast<uint4*>(dst) = w;
-      } else {
-        store_out_chunk_unaligned(f, dst, w);
-      }
+      store_out_chunk(f, t, h0 + row, ch, w);
     }
   }
 }
@@ -867,7 +874,7 @@ __device__ __forceinline__ void consumer_loop(const Sm90Params& p, const SplitWo
   float sink_v[2];  // loaded now: a cold load at the end would stall the epilogue
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int row = 16 * (x.wtid / 32) + x.lane / 4 + 8 * h;
+    const int row = fragment_row(x.wtid / 32, x.lane, h);
     sink_v[h] = p.num_splits == 1 && row < heads ? cuda::sink_value(p.finish.sink, h0 + row)
                                                  : -__int_as_float(0x7F800000);
   }
