@@ -33,12 +33,11 @@ struct DecodeKernelParams {
   int32_t scrub_extra;    // the main cache is always scrubbed
   int32_t adaptive;       // SPEC 4.5 active splits
   int32_t one_wave;       // ONE_WAVE (host)
-  int32_t
-      fused_combine;    // sm90 (S = 2 by policy, <= 8 supported): the row's splits are one cluster
-  float* ws_m;          // [T, S, H]  (S > 1)
-  float* ws_l;          // [T, S, H]
-  float* ws_acc;        // [T, S, H, 512]
-  FinishParams finish;  // S == 1
+  int32_t fused_combine;  // sm90: the row's splits are one cluster (S = 2 by policy, <= 8)
+  float* ws_m;            // [T, S, H]  (S > 1)
+  float* ws_l;            // [T, S, H]
+  float* ws_acc;          // [T, S, H, 512]
+  FinishParams finish;    // S == 1
 };
 
 // ---- host
