@@ -540,6 +540,16 @@ __device__ __forceinline__ int stage_offset(int row, int ch) {
   return row * (kDim * 2) + (ch ^ (row & 7)) * 16;
 }
 
+// A thread's accumulator half h (its row's 64 columns, pairs 8 floats apart) as fp32 pairs at dst
+// (the row's first column of this thread).
+__device__ __forceinline__ void store_acc_half(float* dst, int h, const float (&acc)[128]) {
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+    *reinterpret_cast<float2*>(dst + 8 * j) =
+        make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+  }
+}
+
 // S > 1: the partials m, l, acc of this split (combined by the combine kernel).
 __device__ __forceinline__ void write_partials(const Sm90Params& p, int64_t t, int32_t s,
                                                int32_t h0, int32_t heads, int c, int wtid,
@@ -557,11 +567,7 @@ __device__ __forceinline__ void write_partials(const Sm90Params& p, int64_t t, i
     }
     if (!(l > 0.0f)) continue;
     float* dst = p.ws_acc + r * kDim + 256 * c + t2;
-#pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      *reinterpret_cast<float2*>(dst + 8 * j) =
-          make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-    }
+    store_acc_half(dst, h, acc);
   }
 }
 
@@ -674,11 +680,7 @@ __device__ __forceinline__ void fused_stage(const FusedTile& ft, int c, int wtid
       ft.l[row] = st.l[h] > 0.0f ? st.l[h] : 0.0f;
     }
     float* dst = ft.acc + row * kAccStride + 256 * c + t2;
-#pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      *reinterpret_cast<float2*>(dst + 8 * j) =
-          make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-    }
+    store_acc_half(dst, h, acc);
   }
 }
 
