@@ -829,7 +829,6 @@ struct ConsumerCtx {
   int c, wtid, lane;
 };
 
-//
 // P (P.V's A operand, in registers `pa`, carried from tile to tile) is packed only after P.V(i-1)
 // retired: wgmma register operands must not change before then, and `pa` is kept live until that
 // wait (wgmma_fence_operands), so ptxas cannot put anything else in those registers either. When
