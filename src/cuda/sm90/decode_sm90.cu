@@ -723,12 +723,15 @@ __device__ __forceinline__ void fused_finish_columns(const Sm90Params& p, const 
   const int ch0 = static_cast<int>(rank) * kPer;
   const int n = max(0, min(kChunks, ch0 + kPer) - ch0);
   const int items = heads * n;  // (row, chunk) pairs, rows below H only
-  for (int base = ctid * kGroup; base < items; base += kConsumers * kGroup) {
+  // Round r: items base + g * 256 + ctid (consecutive threads on consecutive chunks: 2-way bank
+  // conflicts at most; a thread on kGroup consecutive chunks was 8-way at S = 2).
+  for (int base = 0; base < items; base += kConsumers * kGroup) {
     float4 v[kGroup][kS][2];
     uint32_t act[kGroup];
 #pragma unroll
     for (int g = 0; g < kGroup; ++g) {
-      const int it = min(base + g, items - 1), row = it / n, ch = ch0 + it % n;
+      const int it = min(base + g * kConsumers + ctid, items - 1), row = it / n;
+      const int ch = ch0 + it % n;
       act[g] = ft.act[row];
 #pragma unroll
       for (int s = 0; s < kS; ++s) {
@@ -742,8 +745,9 @@ __device__ __forceinline__ void fused_finish_columns(const Sm90Params& p, const 
     }
 #pragma unroll
     for (int g = 0; g < kGroup; ++g) {
-      if (base + g >= items) break;
-      const int row = (base + g) / n, ch = ch0 + (base + g) % n;
+      const int it = base + g * kConsumers + ctid;
+      if (it >= items) break;
+      const int row = it / n, ch = ch0 + it % n;
       float o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
 #pragma unroll
       for (int s = 0; s < kS; ++s) {
