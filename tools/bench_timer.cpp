@@ -30,6 +30,9 @@ Timing time_decode_cpu(const Problem& pb, const TimingOptions& o) {
 Timing time_decode_cuda(const Problem&, Path path, const TimingOptions&) {
   throw_arg_error("bench", "--paths", "cpu (this build has no CUDA)", path_name(path));
 }
+void print_launch_floor(const TimingOptions&) {
+  throw_arg_error("bench", "--launch-floor", "a CUDA build", "a build without CUDA");
+}
 #endif
 
 }  // namespace sparsemla::tools

@@ -27,5 +27,7 @@ struct Timing {
 Timing time_decode_cpu(const Problem& pb, const TimingOptions& o);
 // CUDA builds only (throws otherwise): events around graph replays, L2 flushed before each.
 Timing time_decode_cuda(const Problem& pb, Path path, const TimingOptions& o);
+// CUDA builds only: prints the launch floor (graphs of empty kernels timed like a cell).
+void print_launch_floor(const TimingOptions& o);
 
 }  // namespace sparsemla::tools

@@ -29,6 +29,7 @@ struct BenchOptions {
   int64_t verify_max_batch = 8;
   std::string json;
   uint64_t seed = 7;
+  bool launch_floor = false;
 };
 
 std::vector<Path> bench_paths(const BenchOptions& o) {
@@ -107,6 +108,7 @@ bool bench_cell(const BenchShape& shape, int64_t batch, const Problem& pb, Path 
 }
 
 int bench_main(const BenchOptions& o) {
+  if (o.launch_floor) print_launch_floor(o.timing);
   std::vector<BenchShape> shapes;
   if (o.shapes.empty()) shapes = standard_bench_shapes();
   for (const auto& n : o.shapes) shapes.push_back(bench_shape(n));
@@ -151,6 +153,8 @@ void register_bench(CLI::App& app) {
   cmd->add_flag("!--no-graph", o.timing.graph, "launch directly instead of replaying a CUDA graph");
   cmd->add_option("--verify-max-batch", o.verify_max_batch,
                   "verify against the float64 reference up to this batch");
+  cmd->add_flag("--launch-floor", o.launch_floor,
+                "first print the launch floor: graphs of empty kernels timed like a cell");
   cmd->add_option("--json", o.json, "write all results as JSON to this file");
   cmd->add_option("--seed", o.seed, "random seed");
   cmd->callback([] {
