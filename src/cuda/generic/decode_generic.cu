@@ -67,13 +67,8 @@ __global__ void __launch_bounds__(partial::kThreads, Cfg<HB>::kMinBlocksPerSm)
 }
 
 // ---- the combine kernel ------------------------------------------------------------------------
-// 256 threads x 2 columns per (t, h): the live registers of a thread (S coefficients and S
-// float2 loads) fit ~64, so 4 CTAs of 256 stay resident per SM where 4 of 128 did (106 registers
-// with 4 columns), halving the waves of a large (T, H) grid. The arithmetic of each output
-// element is unchanged: the same sums, in the same order.
-constexpr int kCombineThreads = 256;  // x 2 columns
+constexpr int kCombineThreads = 128;  // x 4 columns
 constexpr int kCombineFast = 16;      // S up to this: every split's loads in flight together
-constexpr int kCombineCtasPerSm = 4;  // <= 64 registers
 
 // Waits until the partial kernel (the programmatic primary) has completed and its writes are
 // visible; returns at once when launched without programmatic serialisation or before sm_90.
@@ -86,7 +81,7 @@ __device__ __forceinline__ void wait_for_partials() {
 // S <= kCombineFast: m and l of all splits in one round trip, then the active splits' acc in a
 // second one. Same arithmetic as the general loop below.
 __device__ __forceinline__ void combine_small(const CombineParams& p, int64_t row0, int32_t h,
-                                              int col, float (&o)[2], float* max_m_out,
+                                              int col, float (&o)[4], float* max_m_out,
                                               float* sum_l_out) {
   const int32_t S = p.num_splits, H = p.num_heads;
   float m[kCombineFast], l[kCombineFast];
@@ -99,19 +94,21 @@ __device__ __forceinline__ void combine_small(const CombineParams& p, int64_t ro
   const float big_m = fin.big_m, factor = fin.factor;
   if (factor != 0.0f) {
     // Inactive splits: acc never read (stale NaN/Inf). The workspace is only 8-byte aligned.
-    float c[kCombineFast];
-    float2 v[kCombineFast];
+    float2 v0[kCombineFast], v1[kCombineFast];
 #pragma unroll
     for (int s = 0; s < kCombineFast; ++s) {
-      c[s] = cuda::split_weight(m[s], big_m) * factor;
       const float2* src = reinterpret_cast<const float2*>(p.ws_acc + (row0 + s * H) * kDim + col);
-      v[s] = m[s] != kNoScore ? __ldcg(src) : make_float2(0.f, 0.f);
+      v0[s] = m[s] != kNoScore ? __ldcg(src) : make_float2(0.f, 0.f);
+      v1[s] = m[s] != kNoScore ? __ldcg(src + 1) : make_float2(0.f, 0.f);
     }
 #pragma unroll
     for (int s = 0; s < kCombineFast; ++s) {
       if (m[s] == kNoScore) continue;
-      o[0] += c[s] * v[s].x;
-      o[1] += c[s] * v[s].y;
+      const float c = cuda::split_weight(m[s], big_m) * factor;
+      o[0] += c * v0[s].x;
+      o[1] += c * v0[s].y;
+      o[2] += c * v1[s].x;
+      o[3] += c * v1[s].y;
     }
   }
   *max_m_out = fin.max_m;
@@ -119,7 +116,7 @@ __device__ __forceinline__ void combine_small(const CombineParams& p, int64_t ro
 }
 
 __device__ __forceinline__ void combine_any(const CombineParams& p, int64_t row0, int32_t h,
-                                            int col, float (&o)[2], float* max_m_out,
+                                            int col, float (&o)[4], float* max_m_out,
                                             float* sum_l_out) {
   const int32_t S = p.num_splits, H = p.num_heads;
   float max_m = kNoScore;
@@ -138,29 +135,33 @@ __device__ __forceinline__ void combine_any(const CombineParams& p, int64_t row0
       const float m = __ldcg(p.ws_m + row);
       if (m == kNoScore) continue;  // inactive: its acc may hold stale NaN/Inf
       const float c = cuda::split_weight(m, big_m) * factor;
-      const float2 v = __ldcg(reinterpret_cast<const float2*>(p.ws_acc + row * kDim + col));
-      o[0] += c * v.x;
-      o[1] += c * v.y;
+      const float2* src = reinterpret_cast<const float2*>(p.ws_acc + row * kDim + col);
+      const float2 v0 = __ldcg(src), v1 = __ldcg(src + 1);
+      o[0] += c * v0.x;
+      o[1] += c * v0.y;
+      o[2] += c * v1.x;
+      o[3] += c * v1.y;
     }
   }
   *max_m_out = max_m;
   *sum_l_out = sum_l;
 }
 
-__global__ void __launch_bounds__(kCombineThreads, kCombineCtasPerSm)
+__global__ void __launch_bounds__(kCombineThreads)
     decode_combine_kernel(const __grid_constant__ CombineParams p) {
   const int64_t t = blockIdx.x;
   const int32_t h = blockIdx.y;
-  const int col = 2 * threadIdx.x;
+  const int col = 4 * threadIdx.x;
   const int64_t row0 = t * p.num_splits * p.num_heads + h;  // split s at row0 + s*H
   wait_for_partials();
-  float o[2] = {0.f, 0.f}, max_m, sum_l;
+  float o[4] = {0.f, 0.f, 0.f, 0.f}, max_m, sum_l;
   if (p.num_splits <= kCombineFast) {
     combine_small(p, row0, h, col, o, &max_m, &sum_l);
   } else {
     combine_any(p, row0, h, col, o, &max_m, &sum_l);
   }
   cuda::store_out_pair(p.finish, t, h, col, o[0], o[1]);
+  cuda::store_out_pair(p.finish, t, h, col + 2, o[2], o[3]);
   if (threadIdx.x == 0) cuda::store_lse(p.finish, t, h, cuda::finish_lse(max_m, sum_l));
 }
 
