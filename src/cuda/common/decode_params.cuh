@@ -122,17 +122,16 @@ __device__ __forceinline__ bool tile_scrub(const DecodeKernelParams& p, const Sp
   return tile_of(w, i).extra ? (p.scrub_extra != 0) : true;
 }
 
-// 16-byte chunk c (dims 8c..8c+7) of query row t, head h into shared memory at dst: cp.async when
-// q allows 16-byte loads (the caller commits and waits), 2-byte loads otherwise; zeros for a head
-// past H (live false), which no output row reads.
-__device__ __forceinline__ void load_q_chunk(const DecodeKernelParams& p, int64_t t, int32_t h,
-                                             int c, bool live, void* dst) {
+// 16-byte chunk of Q at src into shared memory at dst: cp.async when q allows 16-byte loads
+// (vec16; the caller commits and waits), 2-byte loads otherwise; zeros for a head past H (live
+// false), which no output row reads.
+__device__ __forceinline__ void load_q_chunk_at(const __nv_bfloat16* src, bool vec16, bool live,
+                                                void* dst) {
   if (!live) {
     *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
     return;
   }
-  const __nv_bfloat16* src = p.q + t * p.q_stride_token + h * p.q_stride_head + 8 * c;
-  if (p.q_vec16) {
+  if (vec16) {
     cp_async16(dst, src);
     return;
   }
@@ -144,6 +143,13 @@ __device__ __forceinline__ void load_q_chunk(const DecodeKernelParams& p, int64_
            (static_cast<uint32_t>(__ldg(s16 + 2 * i + 1)) << 16);
   }
   *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// 16-byte chunk c (dims 8c..8c+7) of query row t, head h (see load_q_chunk_at).
+__device__ __forceinline__ void load_q_chunk(const DecodeKernelParams& p, int64_t t, int32_t h,
+                                             int c, bool live, void* dst) {
+  const __nv_bfloat16* src = p.q + t * p.q_stride_token + h * p.q_stride_head + 8 * c;
+  load_q_chunk_at(src, p.q_vec16, live, dst);
 }
 
 }  // namespace sparsemla::cuda

@@ -378,10 +378,23 @@ __device__ __forceinline__ void producer_loop(const Sm90Params& p, const SplitWo
 // (read after the last tile, these cold loads used to stall the epilogue ~1 us).
 __device__ __forceinline__ void load_q(const Sm90Params& p, int64_t t, int32_t h0, int32_t heads,
                                        const Smem& sm, int ctid) {
-#pragma unroll 4
-  for (int n = 0; n < kHeads * kChunks / kConsumers; ++n) {
-    const int j = ctid + kConsumers * n, h = j / kChunks, c = j % kChunks;
-    cuda::load_q_chunk(p, t, h0 + h, c, h < heads, sm.q + cm_offset(h, c, kHeads / 8));
+  // Thread ctid: chunk c = ctid % 64 of heads hb + 4n, n < 16 (a warp reads 512 contiguous
+  // bytes); pointers advance by constants (the per-chunk index arithmetic was ~900 instructions
+  // per warp, a quarter of a batch-1 CTA's consumer samples, ncu 2026-11-30).
+  constexpr int kHeadsPerPass = kConsumers / kChunks;  // 4
+  static_assert(kHeads % (2 * kHeadsPerPass) == 0 && kHeadsPerPass * 2 == 8,
+                "two passes per group");
+  const int c = ctid % kChunks, hb = ctid / kChunks;
+  const __nv_bfloat16* src = p.q + t * p.q_stride_token + (h0 + hb) * p.q_stride_head + 8 * c;
+  const int64_t step = kHeadsPerPass * p.q_stride_head;
+  unsigned char* dst = sm.q + cm_offset(hb, c, kHeads / 8);  // (c * 8 + h / 8) * 128 + h % 8 * 16
+  const bool vec16 = p.q_vec16;
+#pragma unroll
+  for (int n = 0; n < kHeads / kHeadsPerPass; ++n) {
+    const int h = hb + kHeadsPerPass * n;
+    // h = hb + 8m (n = 2m) or hb + 4 + 8m (n = 2m + 1): row group m, row hb or hb + 4.
+    unsigned char* d = dst + (n / 2) * 128 + (n % 2) * kHeadsPerPass * 16;
+    cuda::load_q_chunk_at(src + n * step, vec16, h < heads, d);
   }
   const cuda::FinishParams& f = p.finish;
   const bool finishes_here = p.num_splits == 1 || p.fused_combine;
@@ -822,6 +835,31 @@ __device__ __forceinline__ void fused_combine(const Sm90Params& p, const Smem& s
   cluster_sync();  // no CTA leaves while a peer may still read its shared memory
 }
 
+// S > 1 with a 16-byte aligned workspace: the partials staged in Q + K as for the fused combine,
+// then each head row's acc (2 KiB) leaves with one bulk copy (lanes 0..7 of each consumer warp
+// take a row each). ncu, batch 1: the 64 float2 stores per thread of write_partials spent a
+// quarter of the consumers' samples throttled on the store queue (lg).
+__device__ __forceinline__ void write_partials_bulk(const Sm90Params& p, const Smem& sm, int64_t t,
+                                                    int32_t s, int32_t h0, int32_t heads, int c,
+                                                    int wtid, const RowState& st,
+                                                    const float (&acc)[128], int tid) {
+  named_barrier_sync(kExchangeBarrier, kConsumers);  // both warpgroups' wgmma retired: Q, K free
+  const FusedTile ft = fused_tile(sm);
+  fused_stage(ft, c, wtid, st, acc);
+  fence_proxy_async();  // the staged rows, for the bulk copies (async proxy)
+  named_barrier_sync(kExchangeBarrier, kConsumers);
+  const int lane = tid % 32, row = (tid / 32) * 8 + lane;
+  if (lane >= 8 || row >= heads) return;
+  const int64_t r = (t * p.num_splits + s) * p.num_heads + h0 + row;
+  const float l = ft.l[row];
+  p.ws_m[r] = ft.m[row];
+  p.ws_l[r] = l;
+  if (!(l > 0.0f)) return;  // m = -FLT_MAX: the combine never reads this acc
+  bulk_copy_s2g(p.ws_acc + r * kDim, ft.acc + row * kAccStride, kDim * 4);
+  bulk_commit();
+  bulk_wait_read();  // the CTA's shared memory must outlive the copy's reads
+}
+
 // One tile of the consumers' pipeline. `sc` holds Q.K(i) (complete); P.V(i-1) may still run.
 //   scores exchanged (consumer barrier) | softmax into P (beside P.V(i-1)) | wait for P.V(i-1),
 //   rescale (rare) | Q.K(i+1) into `sc`, then P.V(i), issued back to back | wait for Q.K(i+1); K
@@ -907,7 +945,11 @@ __device__ __forceinline__ void consumer_loop(const Sm90Params& p, const SplitWo
     return;
   }
   if (p.num_splits > 1) {
-    write_partials(p, t, s, h0, heads, x.c, x.wtid, st, acc);
+    if ((reinterpret_cast<uintptr_t>(p.ws_acc) & 15) == 0) {
+      write_partials_bulk(p, sm, t, s, h0, heads, x.c, x.wtid, st, acc, tid);
+    } else {
+      write_partials(p, t, s, h0, heads, x.c, x.wtid, st, acc);
+    }
     return;
   }
   // Every Q.K has completed: each warpgroup waited for its last one before the last exchange,
@@ -1026,10 +1068,16 @@ int fused_cluster_capacity(int32_t splits) {
 // B = 32: 57.5 -> 40 us); S = 4..8 fused was slower than the combine kernel in every cell measured
 // (C4-Flash B = 8 S = 8: 28.5 against 25.1 us at the planner's S = 10; a second wave of clusters
 // doubled C4-Pro B = 8 S = 8: 56.8 against 34.8 us). The kernel handles S up to kMaxFusedSplits.
-constexpr int32_t kFusedSplits = 2;
+// SPARSEMLA_SM90_FUSED_MAX_SPLITS (a compile definition, default 2) widens the rule to 2..N for
+// measurements.
+#ifndef SPARSEMLA_SM90_FUSED_MAX_SPLITS
+#define SPARSEMLA_SM90_FUSED_MAX_SPLITS 2
+#endif
+constexpr int32_t kFusedMaxSplits = SPARSEMLA_SM90_FUSED_MAX_SPLITS;
+static_assert(kFusedMaxSplits >= 2 && kFusedMaxSplits <= kMaxFused, "the kernel fuses 2..8 splits");
 
 bool use_fused_combine(int64_t clusters, int32_t splits) {
-  return splits == kFusedSplits && clusters <= fused_cluster_capacity(splits);
+  return splits >= 2 && splits <= kFusedMaxSplits && clusters <= fused_cluster_capacity(splits);
 }
 
 void launch_clustered(const Sm90Params& k, dim3 grid, cudaStream_t stream) {

@@ -78,6 +78,28 @@ __device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32
 #endif
 }
 
+// bytes (multiple of 16, both addresses 16-byte aligned) from shared src to global dst, in this
+// thread's bulk async-group (bulk_commit, then bulk_wait_read before src may change or the CTA
+// exits). The shared-memory writes it reads must be fenced (fence_proxy_async) and synchronised.
+__device__ __forceinline__ void bulk_copy_s2g(void* dst, const void* src, uint32_t bytes) {
+#ifdef SPARSEMLA_SM90A_DEVICE
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst),
+               "r"(cuda::smem_u32(src)), "r"(bytes)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void bulk_commit() {
+#ifdef SPARSEMLA_SM90A_DEVICE
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#endif
+}
+// Waits until every bulk copy this thread committed has read its shared-memory source.
+__device__ __forceinline__ void bulk_wait_read() {
+#ifdef SPARSEMLA_SM90A_DEVICE
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+#endif
+}
+
 // Barrier `id` (1..15; 0 is __syncthreads) over `threads` threads (a multiple of 32).
 __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads) {
 #ifdef SPARSEMLA_SM90A_DEVICE
