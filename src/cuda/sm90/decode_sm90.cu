@@ -1074,7 +1074,8 @@ int fused_cluster_capacity(int32_t splits) {
 #define SPARSEMLA_SM90_FUSED_MAX_SPLITS 2
 #endif
 constexpr int32_t kFusedMaxSplits = SPARSEMLA_SM90_FUSED_MAX_SPLITS;
-static_assert(kFusedMaxSplits >= 2 && kFusedMaxSplits <= kMaxFused, "the kernel fuses 2..8 splits");
+static_assert(kFusedMaxSplits >= 2 && kFusedMaxSplits <= cuda::kMaxFusedSplits,
+              "the kernel fuses 2..8 splits");
 
 bool use_fused_combine(int64_t clusters, int32_t splits) {
   return splits >= 2 && splits <= kFusedMaxSplits && clusters <= fused_cluster_capacity(splits);
