@@ -6,7 +6,55 @@
 #include "bench_timer.h"
 #include "device_mirror.h"
 
+#ifdef SPARSEMLA_TIMELINE
+#include <cstdio>
+
+namespace sparsemla::cuda_sm90 {  // src/cuda/sm90/decode_sm90.cu, SPARSEMLA_TIMELINE builds
+void timeline_clear(cudaStream_t stream);
+void timeline_read(unsigned long long* out);
+}  // namespace sparsemla::cuda_sm90
+#endif
+
 namespace sparsemla::tools {
+
+#ifdef SPARSEMLA_TIMELINE
+namespace {
+constexpr int kTlEvents = 16, kTlCtas = 4096, kTlNamed = 11;
+constexpr const char* kTlNames[kTlNamed] = {"entry",       "split_work", "init",       "p:slots",
+                                            "p:raw0",      "p:full0",    "p:loopdone", "c:q",
+                                            "c:firsttile", "c:loopdone", "c:done"};
+
+// Per event over the CTAs that stamped it: globaltimer (us after the earliest entry) min / median
+// / max, and the median of SM cycles after the CTA's own entry.
+void print_timeline() {
+  std::vector<unsigned long long> buf(size_t{kTlCtas} * kTlEvents * 2);
+  sparsemla::cuda_sm90::timeline_read(buf.data());
+  const auto at = [&](int cta, int e, int k) {
+    return buf[(static_cast<size_t>(cta) * kTlEvents + e) * 2 + k];
+  };
+  unsigned long long g0 = ~0ull;
+  for (int c = 0; c < kTlCtas; ++c) {
+    if (at(c, 0, 0) != 0) g0 = std::min(g0, at(c, 0, 0));
+  }
+  if (g0 == ~0ull) return;
+  std::printf("timeline (last call; us after the first CTA entry; cycles after the CTA's entry)\n");
+  for (int e = 0; e < kTlNamed; ++e) {
+    std::vector<double> us, cyc;
+    for (int c = 0; c < kTlCtas; ++c) {
+      if (at(c, e, 0) == 0 || at(c, 0, 0) == 0) continue;
+      us.push_back(static_cast<double>(at(c, e, 0) - g0) * 1e-3);
+      cyc.push_back(static_cast<double>(static_cast<long long>(at(c, e, 1) - at(c, 0, 1))));
+    }
+    if (us.empty()) continue;
+    std::sort(us.begin(), us.end());
+    std::sort(cyc.begin(), cyc.end());
+    std::printf("  %-12s n=%5zu  us min %7.2f  med %7.2f  max %7.2f   cycles med %9.0f\n",
+                kTlNames[e], us.size(), us.front(), us[us.size() / 2], us.back(),
+                cyc[cyc.size() / 2]);
+  }
+}
+}  // namespace
+#endif
 
 Timing time_decode_cuda(const Problem& pb, Path path, const TimingOptions& o) {
   DeviceArena arena;
@@ -30,6 +78,9 @@ Timing time_decode_cuda(const Problem& pb, Path path, const TimingOptions& o) {
   cudaGraphExec_t exec =
       o.graph ? capture_graph(stream.s, [&] { sparse_decode(p, workspace, ws); }) : nullptr;
   for (int32_t i = 0; i < o.reps; ++i) {
+#ifdef SPARSEMLA_TIMELINE
+    if (i + 1 == o.reps && path == Path::CudaSm90) sparsemla::cuda_sm90::timeline_clear(stream.s);
+#endif
     if (o.flush_bytes > 0) {
       cuda_check(cudaMemsetAsync(flush, i & 0xFF, static_cast<size_t>(o.flush_bytes), stream.s),
                  "flush");
@@ -43,6 +94,9 @@ Timing time_decode_cuda(const Problem& pb, Path path, const TimingOptions& o) {
     t.seconds.push_back(ev.seconds());
   }
   if (exec) cudaGraphExecDestroy(exec);
+#ifdef SPARSEMLA_TIMELINE
+  if (path == Path::CudaSm90) print_timeline();
+#endif
   std::sort(t.seconds.begin(), t.seconds.end());
   t.out.resize(out_elems);
   cuda_check(cudaMemcpy(t.out.data(), p.out, out_elems * 2, cudaMemcpyDeviceToHost), "copy out");

@@ -39,6 +39,7 @@
 #include "cuda/common/decode_common.cuh"
 #include "cuda/common/decode_params.cuh"
 #include "cuda/common/device_info.h"
+#include "cuda/common/timeline.cuh"
 #include "cuda/sm90/cluster.cuh"
 #include "cuda/sm90/pipeline.cuh"
 #include "cuda/sm90/sm90_backend.h"
@@ -47,6 +48,19 @@
 #include "sparsemla/plan.h"
 
 namespace sparsemla::cuda_sm90 {
+
+#ifdef SPARSEMLA_TIMELINE
+__device__ unsigned long long g_timeline[cuda::kTimelineWords];
+#define SPARSEMLA_STAMP(cond, event)                                                           \
+  do {                                                                                         \
+    if (cond)                                                                                  \
+      cuda::timeline_stamp(                                                                    \
+          g_timeline, (blockIdx.z * gridDim.y + blockIdx.y) * int64_t{gridDim.x} + blockIdx.x, \
+          event);                                                                              \
+  } while (0)
+#else
+#define SPARSEMLA_STAMP(cond, event) ((void)0)
+#endif
 
 namespace {
 
@@ -346,6 +360,7 @@ __device__ __forceinline__ void producer_loop(const Sm90Params& p, const SplitWo
   cuda::cp_async_commit();
   cp_async_wait<0>();
   named_barrier_sync(kProducerBarrier, kProducers);  // slot ids of tiles 0..2 visible
+  SPARSEMLA_STAMP(ptid == 0, cuda::kTlSlots);
   const int32_t s0 = sm.slot_set(0)[g.key], s1 = sm.slot_set(1)[g.key];
   if (copier) copy_row(p, w, 0, s0, sm, g.key);
   cuda::cp_async_commit();  // the scale words of tile 0
@@ -356,10 +371,12 @@ __device__ __forceinline__ void producer_loop(const Sm90Params& p, const SplitWo
   bool valid = key_valid(p, w, 0, s0), valid_next = key_valid(p, w, 1, s1);
   for (int32_t i = 0; i < w.tiles; ++i) {
     mbar_wait(sm.raw_full + i % kRawStages, use_parity<kRawStages>(i));
+    SPARSEMLA_STAMP(ptid == 0 && i == 0, cuda::kTlRaw0);
     if (i >= kKStages) mbar_wait(sm.empty + i % kKStages, use_parity<kKStages>(i) ^ 1u);
     convert_rows(sm, i, tile_scrub(p, w, i), valid, g);
     fence_proxy_async();
     mbar_arrive(sm.full + i % kKStages);
+    SPARSEMLA_STAMP(ptid == 0 && i == 0, cuda::kTlFull0);
     cp_async_wait<0>();  // tile i + 1's scale words and tile i + 2's slot ids, issued a tile ago
     named_barrier_sync(kProducerBarrier, kProducers);
     const int32_t s2 = sm.slot_set(i + 2)[g.key];
@@ -925,9 +942,11 @@ __device__ __forceinline__ void consumer_loop(const Sm90Params& p, const SplitWo
   cp_async_wait<0>();
   fence_proxy_async();  // Q (cp.async writes) for wgmma
   named_barrier_sync(kExchangeBarrier, kConsumers);
+  SPARSEMLA_STAMP(tid == 0, cuda::kTlQ);
   float sc[16];
   if (w.tiles > 0) {
     mbar_wait(sm.full, 0);
+    SPARSEMLA_STAMP(tid == 0, cuda::kTlFirstTile);
     qk_issue(sm, 0, x.c, sc);
     wgmma_wait<0>();
     wgmma_fence_operands(sc);
@@ -940,8 +959,10 @@ __device__ __forceinline__ void consumer_loop(const Sm90Params& p, const SplitWo
   if (w.tiles > 0) consumer_tile<false>(x, w.tiles - 1, st, acc, sc, pa);
   wgmma_wait<0>();
   wgmma_fence_operands(acc);
+  SPARSEMLA_STAMP(tid == 0, cuda::kTlLoopDone);
   if (p.fused_combine) {
     fused_combine(p, sm, t, h0, heads, x.c, x.wtid, st, acc, tid);
+    SPARSEMLA_STAMP(tid == 0, cuda::kTlDone);
     return;
   }
   if (p.num_splits > 1) {
@@ -950,6 +971,7 @@ __device__ __forceinline__ void consumer_loop(const Sm90Params& p, const SplitWo
     } else {
       write_partials(p, t, s, h0, heads, x.c, x.wtid, st, acc);
     }
+    SPARSEMLA_STAMP(tid == 0, cuda::kTlDone);
     return;
   }
   // Every Q.K has completed: each warpgroup waited for its last one before the last exchange,
@@ -957,6 +979,7 @@ __device__ __forceinline__ void consumer_loop(const Sm90Params& p, const SplitWo
   stage_finished(p, t, h0, heads, x.c, x.wtid, st, sink_v, acc, sm);
   named_barrier_sync(kExchangeBarrier, kConsumers);
   write_staged(p.finish, t, h0, heads, sm, tid);
+  SPARSEMLA_STAMP(tid == 0, cuda::kTlDone);
 }
 
 #endif  // !__CUDA_ARCH__ || SPARSEMLA_SM90A_DEVICE
@@ -970,9 +993,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t t = blockIdx.x;
   const int32_t s = blockIdx.y, h0 = blockIdx.z * kHeads;
   const int32_t heads = min(kHeads, p.num_heads - h0);
+  SPARSEMLA_STAMP(tid == 0, cuda::kTlEntry);
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   int32_t work;
   const SplitWork w = split_work(p, t, s, &work);
+  SPARSEMLA_STAMP(tid == 0, cuda::kTlSplitWork);
   if (s >= work && !p.fused_combine) {  // inactive (SPEC 4.5): m = -FLT_MAX, l = 0, acc untouched
     if (tid < heads) {
       const int64_t r = (t * p.num_splits + s) * p.num_heads + h0 + tid;
@@ -990,9 +1015,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_init_fence();
   }
   __syncthreads();
+  SPARSEMLA_STAMP(tid == 0, cuda::kTlInit);
   if (tid >= kConsumers) {
     setmaxnreg_dec<kProducerRegs>();
     producer_loop(p, w, sm, tid - kConsumers);
+    SPARSEMLA_STAMP(tid == kConsumers, cuda::kTlProducerDone);
     if (p.fused_combine) {  // the consumers' two cluster barriers (fused_combine)
       __syncwarp();
       cluster_sync();
@@ -1137,5 +1164,17 @@ void sparse_decode(const DecodeParams& p, int32_t num_splits, void* workspace) {
   cuda::check_cuda(cudaGetLastError(), "decode_sm90_kernel launch");
   if (num_splits > 1) cuda::launch_combine(k, stream);
 }
+
+#ifdef SPARSEMLA_TIMELINE
+// Debug timeline (cuda/common/timeline.cuh): zero it on `stream`; copy it out (synchronous).
+void timeline_clear(cudaStream_t stream) {
+  void* ptr = nullptr;
+  cuda::check_cuda(cudaGetSymbolAddress(&ptr, g_timeline), "timeline address");
+  cuda::check_cuda(cudaMemsetAsync(ptr, 0, sizeof(g_timeline), stream), "timeline clear");
+}
+void timeline_read(unsigned long long* out) {
+  cuda::check_cuda(cudaMemcpyFromSymbol(out, g_timeline, sizeof(g_timeline)), "timeline read");
+}
+#endif
 
 }  // namespace sparsemla::cuda_sm90

@@ -1,0 +1,43 @@
+// src/cuda/common/timeline.cuh: a debug timeline of the sm90 decode kernel (build with
+// -DSPARSEMLA_TIMELINE=ON; compiled out otherwise). Thread 0 of a role stamps %globaltimer (ns)
+// and clock64 (SM cycles) at fixed events of each CTA into a device array; `sparsemla bench`
+// prints per-event statistics of the last timed call. Not for production builds: one static
+// 1 MiB device array, written by every call.
+#pragma once
+
+#include <cstdint>
+
+namespace sparsemla::cuda {
+
+inline constexpr int kTimelineEvents = 16;
+inline constexpr int kTimelineCtas = 4096;
+inline constexpr int kTimelineWords = kTimelineCtas * kTimelineEvents * 2;
+
+// The events of the sm90 kernel (docs/SM90.md), in the order of a CTA's life.
+enum TimelineEvent : int {
+  kTlEntry = 0,         // kernel entry
+  kTlSplitWork = 1,     // split_work (the index pointers) done
+  kTlInit = 2,          // barriers initialised (__syncthreads)
+  kTlSlots = 3,         // producer: slot ids of tiles 0..2 visible
+  kTlRaw0 = 4,          // producer: tile 0's rows landed
+  kTlFull0 = 5,         // producer: tile 0 converted and published
+  kTlProducerDone = 6,  // producer: last tile published
+  kTlQ = 7,             // consumers: Q in shared memory
+  kTlFirstTile = 8,     // consumers: tile 0 available
+  kTlLoopDone = 9,      // consumers: last P.V retired
+  kTlDone = 10,         // consumers: epilogue done (thread 0)
+  kTlCount = 11
+};
+
+#if defined(SPARSEMLA_TIMELINE) && defined(__CUDACC__)
+__device__ __forceinline__ void timeline_stamp(unsigned long long* buf, int64_t cta, int event) {
+  if (cta >= kTimelineCtas) return;
+  unsigned long long g;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g));
+  const long long c = clock64();
+  buf[(cta * kTimelineEvents + event) * 2] = g;
+  buf[(cta * kTimelineEvents + event) * 2 + 1] = static_cast<unsigned long long>(c);
+}
+#endif
+
+}  // namespace sparsemla::cuda
