@@ -19,10 +19,11 @@ namespace sparsemla::tools {
 
 #ifdef SPARSEMLA_TIMELINE
 namespace {
-constexpr int kTlEvents = 16, kTlCtas = 4096, kTlNamed = 11;
-constexpr const char* kTlNames[kTlNamed] = {"entry",       "split_work", "init",       "p:slots",
-                                            "p:raw0",      "p:full0",    "p:loopdone", "c:q",
-                                            "c:firsttile", "c:loopdone", "c:done"};
+constexpr int kTlEvents = 16, kTlCtas = 4096, kTlNamed = 11, kTlSums = 16;
+constexpr const char* kTlNames[kTlSums] = {
+    "entry",        "split_work", "init",        "p:slots",    "p:raw0", "p:full0",
+    "p:loopdone",   "c:q",        "c:firsttile", "c:loopdone", "c:done", "p:wait_raw",
+    "p:wait_empty", "p:convert",  "p:issue",     "c:wait_full"};
 
 // Per event over the CTAs that stamped it: globaltimer (us after the earliest entry) min / median
 // / max, and the median of SM cycles after the CTA's own entry.
@@ -51,6 +52,16 @@ void print_timeline() {
     std::printf("  %-12s n=%5zu  us min %7.2f  med %7.2f  max %7.2f   cycles med %9.0f\n",
                 kTlNames[e], us.size(), us.front(), us[us.size() / 2], us.back(),
                 cyc[cyc.size() / 2]);
+  }
+  for (int e = kTlNamed; e < kTlSums; ++e) {  // cycle sums over the tile loop
+    std::vector<double> cyc;
+    for (int c = 0; c < kTlCtas; ++c) {
+      if (at(c, e, 0) == 1) cyc.push_back(static_cast<double>(static_cast<long long>(at(c, e, 1))));
+    }
+    if (cyc.empty()) continue;
+    std::sort(cyc.begin(), cyc.end());
+    std::printf("  %-12s n=%5zu  loop cycles min %9.0f  med %9.0f  max %9.0f\n", kTlNames[e],
+                cyc.size(), cyc.front(), cyc[cyc.size() / 2], cyc.back());
   }
 }
 }  // namespace

@@ -26,7 +26,12 @@ enum TimelineEvent : int {
   kTlFirstTile = 8,     // consumers: tile 0 available
   kTlLoopDone = 9,      // consumers: last P.V retired
   kTlDone = 10,         // consumers: epilogue done (thread 0)
-  kTlCount = 11
+  // Cycle sums over the tile loop (thread 0 of the role):
+  kTlWaitRaw = 11,    // producer: waiting for a tile's rows (raw_full)
+  kTlWaitEmpty = 12,  // producer: waiting for a free K stage (empty)
+  kTlConvert = 13,    // producer: dequantisation, fence, publish
+  kTlIssue = 14,      // producer: cp.async wait, producer barrier, next copies
+  kTlWaitFull = 15,   // consumers: waiting for a converted tile (full)
 };
 
 #if defined(SPARSEMLA_TIMELINE) && defined(__CUDACC__)
@@ -38,6 +43,32 @@ __device__ __forceinline__ void timeline_stamp(unsigned long long* buf, int64_t 
   buf[(cta * kTimelineEvents + event) * 2] = g;
   buf[(cta * kTimelineEvents + event) * 2 + 1] = static_cast<unsigned long long>(c);
 }
+// A cycle sum (kTlWaitRaw..): a marker in the timer word, the sum in the clock word.
+__device__ __forceinline__ void timeline_value(unsigned long long* buf, int64_t cta, int event,
+                                               long long value) {
+  if (cta >= kTimelineCtas) return;
+  buf[(cta * kTimelineEvents + event) * 2] = 1;
+  buf[(cta * kTimelineEvents + event) * 2 + 1] = static_cast<unsigned long long>(value);
+}
 #endif
+
+// Cycle sums of a role's phases (lap(k) adds the cycles since the previous lap to sum k); an empty
+// struct unless SPARSEMLA_TIMELINE.
+struct TlLaps {
+#if defined(SPARSEMLA_TIMELINE) && defined(__CUDACC__)
+  long long last = 0, sum[4] = {0, 0, 0, 0};
+  __device__ __forceinline__ void start() {
+    last = clock64();
+  }
+  __device__ __forceinline__ void lap(int k) {
+    const long long now = clock64();
+    sum[k] += now - last;
+    last = now;
+  }
+#else
+  __device__ __forceinline__ void start() {}
+  __device__ __forceinline__ void lap(int) {}
+#endif
+};
 
 }  // namespace sparsemla::cuda

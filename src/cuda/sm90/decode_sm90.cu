@@ -58,8 +58,16 @@ __device__ unsigned long long g_timeline[cuda::kTimelineWords];
           g_timeline, (blockIdx.z * gridDim.y + blockIdx.y) * int64_t{gridDim.x} + blockIdx.x, \
           event);                                                                              \
   } while (0)
+#define SPARSEMLA_STAMP_VALUE(cond, event, value)                                              \
+  do {                                                                                         \
+    if (cond)                                                                                  \
+      cuda::timeline_value(                                                                    \
+          g_timeline, (blockIdx.z * gridDim.y + blockIdx.y) * int64_t{gridDim.x} + blockIdx.x, \
+          event, value);                                                                       \
+  } while (0)
 #else
 #define SPARSEMLA_STAMP(cond, event) ((void)0)
+#define SPARSEMLA_STAMP_VALUE(cond, event, value) ((void)0)
 #endif
 
 namespace {
@@ -369,14 +377,19 @@ __device__ __forceinline__ void producer_loop(const Sm90Params& p, const SplitWo
   cp_async_wait<1>();
   named_barrier_sync(kProducerBarrier, kProducers);  // tile 0's scale words visible
   bool valid = key_valid(p, w, 0, s0), valid_next = key_valid(p, w, 1, s1);
+  cuda::TlLaps laps;
+  laps.start();
   for (int32_t i = 0; i < w.tiles; ++i) {
     mbar_wait(sm.raw_full + i % kRawStages, use_parity<kRawStages>(i));
     SPARSEMLA_STAMP(ptid == 0 && i == 0, cuda::kTlRaw0);
+    laps.lap(0);
     if (i >= kKStages) mbar_wait(sm.empty + i % kKStages, use_parity<kKStages>(i) ^ 1u);
+    laps.lap(1);
     convert_rows(sm, i, tile_scrub(p, w, i), valid, g);
     fence_proxy_async();
     mbar_arrive(sm.full + i % kKStages);
     SPARSEMLA_STAMP(ptid == 0 && i == 0, cuda::kTlFull0);
+    laps.lap(2);
     cp_async_wait<0>();  // tile i + 1's scale words and tile i + 2's slot ids, issued a tile ago
     named_barrier_sync(kProducerBarrier, kProducers);
     const int32_t s2 = sm.slot_set(i + 2)[g.key];
@@ -385,7 +398,14 @@ __device__ __forceinline__ void producer_loop(const Sm90Params& p, const SplitWo
     cuda::cp_async_commit();
     valid = valid_next;
     valid_next = key_valid(p, w, i + 2, s2);
+    laps.lap(3);
   }
+#ifdef SPARSEMLA_TIMELINE
+  SPARSEMLA_STAMP_VALUE(ptid == 0, cuda::kTlWaitRaw, laps.sum[0]);
+  SPARSEMLA_STAMP_VALUE(ptid == 0, cuda::kTlWaitEmpty, laps.sum[1]);
+  SPARSEMLA_STAMP_VALUE(ptid == 0, cuda::kTlConvert, laps.sum[2]);
+  SPARSEMLA_STAMP_VALUE(ptid == 0, cuda::kTlIssue, laps.sum[3]);
+#endif
 }
 
 // ---- tensor work and softmax --------------------------------------------------------------------
@@ -419,6 +439,13 @@ __device__ __forceinline__ void load_q(const Sm90Params& p, int64_t t, int32_t h
     cuda::cp_async4(sm.rope + ctid, cuda::rope_row(f, t) + ctid);
   }
   cuda::cp_async_commit();
+}
+
+// Q does not depend on the split's work (the index pointers): its loads are issued at kernel entry,
+// beside split_work's cold loads (timeline, C4-Flash: Q was the last input of the first Q.K by
+// 0.2-1.3 us at B = 1..128). Not with adaptive splits, whose inactive CTAs load nothing.
+__device__ __forceinline__ bool q_at_entry(const Sm90Params& p) {
+  return p.adaptive == 0;
 }
 
 // Q.K of warpgroup c over dims [256c, +256): 16 wgmma k-steps of 16 dims, issued (one group).
@@ -886,6 +913,7 @@ struct ConsumerCtx {
   const SplitWork& w;
   const Smem& sm;
   int c, wtid, lane;
+  cuda::TlLaps& laps;  // debug timeline only (empty otherwise)
 };
 
 // P (P.V's A operand, in registers `pa`, carried from tile to tile) is packed only after P.V(i-1)
@@ -911,7 +939,9 @@ __device__ __forceinline__ void consumer_tile(const ConsumerCtx& x, int32_t i, R
   pack_p(sc, pa);  // before Q.K(i+1) reuses sc as its accumulator
   if (needs_rescale(alpha)) rescale(acc, alpha);
   if (kMore) {
+    x.laps.lap(1);
     mbar_wait(x.sm.full + (i + 1) % kKStages, use_parity<kKStages>(i + 1));
+    x.laps.lap(0);
     qk_issue(x.sm, i + 1, x.c, sc);  // tile i's probabilities are in pa now
   }
   pv_issue(x.sm, i, x.c, pa, acc);
@@ -925,7 +955,8 @@ __device__ __forceinline__ void consumer_tile(const ConsumerCtx& x, int32_t i, R
 __device__ __forceinline__ void consumer_loop(const Sm90Params& p, const SplitWork& w,
                                               const Smem& sm, int64_t t, int32_t s, int32_t h0,
                                               int32_t heads, int tid) {
-  const ConsumerCtx x{p, w, sm, tid / 128, tid % 128, tid % 32};
+  cuda::TlLaps laps;
+  const ConsumerCtx x{p, w, sm, tid / 128, tid % 128, tid % 32, laps};
   float acc[128];
 #pragma unroll
   for (int j = 0; j < 128; ++j) acc[j] = 0.0f;
@@ -938,7 +969,7 @@ __device__ __forceinline__ void consumer_loop(const Sm90Params& p, const SplitWo
     sink_v[h] = p.num_splits == 1 && row < heads ? cuda::sink_value(p.finish.sink, h0 + row)
                                                  : -__int_as_float(0x7F800000);
   }
-  load_q(p, t, h0, heads, sm, tid);
+  if (!q_at_entry(p)) load_q(p, t, h0, heads, sm, tid);
   cp_async_wait<0>();
   fence_proxy_async();  // Q (cp.async writes) for wgmma
   named_barrier_sync(kExchangeBarrier, kConsumers);
@@ -947,6 +978,7 @@ __device__ __forceinline__ void consumer_loop(const Sm90Params& p, const SplitWo
   if (w.tiles > 0) {
     mbar_wait(sm.full, 0);
     SPARSEMLA_STAMP(tid == 0, cuda::kTlFirstTile);
+    laps.start();
     qk_issue(sm, 0, x.c, sc);
     wgmma_wait<0>();
     wgmma_fence_operands(sc);
@@ -960,6 +992,9 @@ __device__ __forceinline__ void consumer_loop(const Sm90Params& p, const SplitWo
   wgmma_wait<0>();
   wgmma_fence_operands(acc);
   SPARSEMLA_STAMP(tid == 0, cuda::kTlLoopDone);
+#ifdef SPARSEMLA_TIMELINE
+  SPARSEMLA_STAMP_VALUE(tid == 0, cuda::kTlWaitFull, laps.sum[0]);
+#endif
   if (p.fused_combine) {
     fused_combine(p, sm, t, h0, heads, x.c, x.wtid, st, acc, tid);
     SPARSEMLA_STAMP(tid == 0, cuda::kTlDone);
@@ -995,10 +1030,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int32_t heads = min(kHeads, p.num_heads - h0);
   SPARSEMLA_STAMP(tid == 0, cuda::kTlEntry);
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  if (q_at_entry(p) && tid < kConsumers) load_q(p, t, h0, heads, sm, tid);
   int32_t work;
   const SplitWork w = split_work(p, t, s, &work);
   SPARSEMLA_STAMP(tid == 0, cuda::kTlSplitWork);
   if (s >= work && !p.fused_combine) {  // inactive (SPEC 4.5): m = -FLT_MAX, l = 0, acc untouched
+    cp_async_wait<0>();  // (none in flight: Q is loaded at entry only when !adaptive)
     if (tid < heads) {
       const int64_t r = (t * p.num_splits + s) * p.num_heads + h0 + tid;
       p.ws_m[r] = kNoScore;
