@@ -441,13 +441,6 @@ __device__ __forceinline__ void load_q(const Sm90Params& p, int64_t t, int32_t h
   cuda::cp_async_commit();
 }
 
-// Q does not depend on the split's work (the index pointers): its loads are issued at kernel entry,
-// beside split_work's cold loads (timeline, C4-Flash: Q was the last input of the first Q.K by
-// 0.2-1.3 us at B = 1..128). Not with adaptive splits, whose inactive CTAs load nothing.
-__device__ __forceinline__ bool q_at_entry(const Sm90Params& p) {
-  return p.adaptive == 0;
-}
-
 // Q.K of warpgroup c over dims [256c, +256): 16 wgmma k-steps of 16 dims, issued (one group).
 __device__ __forceinline__ void qk_issue(const Smem& sm, int32_t i, int c, float (&s)[16]) {
   const uint32_t q_base = smem_u32(sm.q), k_base = smem_u32(sm.k_stage(i));
@@ -969,7 +962,7 @@ __device__ __forceinline__ void consumer_loop(const Sm90Params& p, const SplitWo
     sink_v[h] = p.num_splits == 1 && row < heads ? cuda::sink_value(p.finish.sink, h0 + row)
                                                  : -__int_as_float(0x7F800000);
   }
-  if (!q_at_entry(p)) load_q(p, t, h0, heads, sm, tid);
+  load_q(p, t, h0, heads, sm, tid);
   cp_async_wait<0>();
   fence_proxy_async();  // Q (cp.async writes) for wgmma
   named_barrier_sync(kExchangeBarrier, kConsumers);
@@ -1030,12 +1023,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int32_t heads = min(kHeads, p.num_heads - h0);
   SPARSEMLA_STAMP(tid == 0, cuda::kTlEntry);
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-  if (q_at_entry(p) && tid < kConsumers) load_q(p, t, h0, heads, sm, tid);
   int32_t work;
   const SplitWork w = split_work(p, t, s, &work);
   SPARSEMLA_STAMP(tid == 0, cuda::kTlSplitWork);
   if (s >= work && !p.fused_combine) {  // inactive (SPEC 4.5): m = -FLT_MAX, l = 0, acc untouched
-    cp_async_wait<0>();  // (none in flight: Q is loaded at entry only when !adaptive)
     if (tid < heads) {
       const int64_t r = (t * p.num_splits + s) * p.num_heads + h0 + tid;
       p.ws_m[r] = kNoScore;
