@@ -89,7 +89,7 @@ using cuda::tile_scrub;
 constexpr int kHeads = 64;                // wgmma M: heads per CTA
 constexpr int kKeys = cuda::kKeyTile;     // keys per tile (SPEC 4.4 bk)
 constexpr int kDim = Fp8DsMla::kHeadDim;  // 512
-// 36 data chunks + a 16-byte pad: rows 148 words apart (conflict-free)
+// 36 data chunks + the scale word (8 bytes) + pad: rows 148 words apart (conflict-free)
 constexpr int kRawRowBytes = 37 * 16;
 constexpr int kConsumers = 256;  // warpgroups 0, 1
 constexpr int kProducers = 128;  // warpgroup 2
@@ -107,14 +107,10 @@ constexpr int kFlagBytes = kKStages * kKeys;
 constexpr int kRopeBytes = 64 * 4;  // cos x32 | sin x32 of the row's position (fused inverse RoPE)
 constexpr int kSlotStages = 4;      // slot-id ring of the producer (a tile's 32 slot ids per stage)
 constexpr int kSlotBytes = kSlotStages * kKeys * 4;
-// Each producer thread's own copy of its key's scale word, per raw stage (its cp.async group, so
-// no barrier publishes it).
-constexpr int kScaleRingBytes = kRawStages * kProducers * 8;
 constexpr int kBarrierBytes = (2 * kKStages + kRawStages) * 8;
 // Every region before the mbarriers, in carve() order; the barriers come last.
 constexpr int kBarrierOffset = kQBytes + kKStages * kKBytes + kRawStages * kRawBytes +
-                               2 * kScoreBytes + kFlagBytes + kRopeBytes + kSlotBytes +
-                               kScaleRingBytes;
+                               2 * kScoreBytes + kFlagBytes + kRopeBytes + kSlotBytes;
 constexpr int kSmemBytes = kBarrierOffset + kBarrierBytes;
 static_assert(kSmemBytes <= 227 * 1024, "fits the 227 KiB opt-in of sm_90");
 static_assert(kBarrierOffset % 8 == 0, "mbarriers are 8-byte aligned");
@@ -126,7 +122,8 @@ using Sm90Params = cuda::DecodeKernelParams;  // the decode kernels' one paramet
 #if !defined(__CUDA_ARCH__) || defined(SPARSEMLA_SM90A_DEVICE)
 constexpr int kChunks = kDim / 8;                // 16-byte bf16 chunks per row: 64
 constexpr int kRowBytes = Fp8DsMla::kDataBytes;  // 576 copied per key
-static_assert(kRowBytes <= kRawRowBytes, "a raw row holds the data bytes");
+static_assert(kRowBytes + Fp8DsMla::kScaleBytes <= kRawRowBytes,
+              "a raw row holds data + scale word");
 // Register split (ptxas budget at entry: 65536 / 384 = 168 per thread): the producer holds a
 // thread's 9 raw chunks (36 registers) at once, the consumers 128 accumulators + 16 scores + 8 P +
 // state: 72 + 2 * 216 = 3 * 168 (56 / 224 spills the producer).
@@ -149,7 +146,6 @@ struct Smem {
   uint8_t* flags;      // [kKStages][32]
   float* rope;         // [64]: cos x32 | sin x32 at the row's position (loaded with Q)
   int32_t* slots;      // [kSlotStages][32]: the producer's slot ids of a tile (-1: no key)
-  uint2* scales;       // [kRawStages][128]: producer thread's scale word of its key
   uint64_t* full;      // [kKStages]: K stage written (count: 128 producer threads)
   uint64_t* empty;     // [kKStages]: K stage read (count: 256 consumer threads)
   uint64_t* raw_full;  // [kRawStages]: rows landed (count: 32 copying lanes + bytes)
@@ -166,9 +162,6 @@ struct Smem {
   __device__ __forceinline__ int32_t* slot_set(int32_t i) const {
     return slots + (i % kSlotStages) * kKeys;
   }
-  __device__ __forceinline__ uint2* scale_slot(int32_t i, int ptid) const {
-    return scales + (i % kRawStages) * kProducers + ptid;
-  }
 };
 
 __device__ __forceinline__ Smem carve(unsigned char* base) {
@@ -180,8 +173,7 @@ __device__ __forceinline__ Smem carve(unsigned char* base) {
   s.flags = reinterpret_cast<uint8_t*>(s.scores + 2 * kHeads * kKeys);
   s.rope = reinterpret_cast<float*>(s.flags + kFlagBytes);
   s.slots = reinterpret_cast<int32_t*>(s.rope + kRopeBytes / 4);
-  s.scales = reinterpret_cast<uint2*>(s.slots + kSlotBytes / 4);
-  s.full = reinterpret_cast<uint64_t*>(s.scales + kScaleRingBytes / 8);
+  s.full = reinterpret_cast<uint64_t*>(s.slots + kSlotBytes / 4);
   s.empty = s.full + kKStages;
   s.raw_full = s.empty + kKStages;
   return s;
@@ -217,10 +209,16 @@ __device__ __forceinline__ bool key_valid(const Sm90Params& p, const SplitWork& 
   return i < w.tiles && cuda::row_offsets32(tile_cache(p, w, i), slot).data >= 0;
 }
 
-// The copy of key `key`'s row of tile i (nothing past the last tile), by the producer thread of
+// The copies of key `key`'s row of tile i (nothing past the last tile), by the producer thread of
 // that key with part == key / 8: the 576 data bytes with one cp.async.bulk (8 copying lanes per
 // warp: it takes uniform operands, so a warp issues its copies one lane at a time), completing on
-// the stage's barrier (every key arrives once).
+// the stage's barrier (every key arrives once), and the 8-byte scale word with a cp.async into
+// the row's pad, one commit group per tile (the producer loop waits for it a tile later, before
+// the producer barrier that publishes it to the other warps). The scale word used to be a register
+// load whose latency the producer paid every tile (ncu: its largest long-scoreboard stall).
+// Not done: completing the scale word on the mbarrier too (cp.async.mbarrier.arrive.noinc next
+// to expect_tx); that version gave wrong outputs in rare runs (bench c4-pro B=8, S >= 5, graph
+// replay) which the LDG version and this one never showed.
 __device__ __forceinline__ void copy_row(const Sm90Params& p, const SplitWork& w, int32_t i,
                                          int32_t slot, const Smem& sm, int key) {
   if (i >= w.tiles) return;
@@ -234,22 +232,7 @@ __device__ __forceinline__ void copy_row(const Sm90Params& p, const SplitWork& w
   unsigned char* row = sm.raw_stage(i) + key * kRawRowBytes;
   mbar_arrive_expect_tx(bar, kRowBytes);
   bulk_copy_g2s(row, cache.base + off.data, kRowBytes, bar);
-}
-
-// This producer thread's copy of its key's 8-byte scale word of tile i (cp.async, in the caller's
-// commit group; nothing for an invalid key or past the last tile). Every thread loads its own, so
-// it waits for it with cp.async.wait_group alone, two tiles after issuing it like the rows. Until
-// session 6 the copying lane loaded one copy into the row's pad, published by the producer barrier
-// one tile later: the producer waited there for a DRAM gather issued only one tile before
-// (timeline, C4-Flash B = 128: 35K of its ~60K loop cycles). Earlier still it was a register load
-// (ncu: the producer's largest long-scoreboard stall); completing it on the mbarrier
-// (cp.async.mbarrier.arrive.noinc) gave wrong outputs in rare runs.
-__device__ __forceinline__ void copy_scale(const Sm90Params& p, const SplitWork& w, int32_t i,
-                                           int32_t slot, const Smem& sm, int ptid) {
-  if (i >= w.tiles) return;
-  const DeviceCache& cache = tile_cache(p, w, i);
-  const cuda::RowOffsets off = cuda::row_offsets32(cache, slot);
-  if (off.data >= 0) cp_async8(sm.scale_slot(i, ptid), cache.base + off.scale);
+  cp_async8(row + kRowBytes, cache.base + off.scale);
 }
 
 // True when the whole row part takes the fast dequantisation: every scale code of the row is
@@ -329,7 +312,7 @@ __device__ __forceinline__ void convert_rows(const Smem& sm, int32_t i, bool scr
   uint4 c[9];
 #pragma unroll
   for (int j = 0; j < 9; ++j) c[j] = *reinterpret_cast<const uint4*>(row + 16 * (g.part + 4 * j));
-  const uint2 scale = *sm.scale_slot(i, g.part * 32 + g.key);  // 7 codes + pad
+  const uint2 scale = *reinterpret_cast<const uint2*>(row + kRowBytes);  // 7 codes + pad
   if (!part_fast(c, scale, scrub)) {
     convert_part_exact(row, kst, scale, scrub, g);
     return;
@@ -369,38 +352,36 @@ __device__ __forceinline__ void load_slots(const Sm90Params& p, const SplitWork&
   }
 }
 
-// The producer's tile loop. Per tile i: wait for its rows (raw_full) and for this thread's
-// cp.async group of two tiles ago (its scale word of tile i, warp 0's slot ids of tile i + 2; the
-// newest group may stay in flight), and for a free K stage (empty); dequantise, async-proxy fence
-// (MEMBAR.CTA), publish (full); producer barrier (raw stage i read by every warp; the slot ids
-// visible); then the rows and scale words of tile i + 2 go into raw stage i and tile i + 4's slot
-// ids into the slot ring (one cp.async group).
+// The producer's tile loop. Per tile i: wait for its rows (raw_full) and a free K stage (empty),
+// dequantise, async-proxy fence (MEMBAR.CTA), publish (full); wait for this thread's cp.async
+// group of the previous tile (tile i + 1's scale words, tile i + 2's slot ids), then a producer
+// barrier (raw stage i read by every warp; those words visible to all); then the rows of tile
+// i + 2 are copied into raw stage i and tile i + 3's slot ids loaded (one cp.async group).
 __device__ __forceinline__ void producer_loop(const Sm90Params& p, const SplitWork& w,
                                               const Smem& sm, int ptid) {
-  static_assert(kRawStages == 2 && kSlotStages == 4, "the look-ahead below");
+  static_assert(kRawStages == 2 && kSlotStages >= 4, "the look-ahead below");
   const ProducerLane g{ptid % 32, ptid / 32};
   const bool copier = g.part == g.key / 8, slot_loader = g.part == 0;
   if (slot_loader) {
-    for (int32_t k = 0; k < kSlotStages; ++k) load_slots(p, w, k, sm, g.key);
+    for (int32_t k = 0; k < 3; ++k) load_slots(p, w, k, sm, g.key);
   }
   cuda::cp_async_commit();
   cp_async_wait<0>();
-  named_barrier_sync(kProducerBarrier, kProducers);  // slot ids of tiles 0..3 visible
+  named_barrier_sync(kProducerBarrier, kProducers);  // slot ids of tiles 0..2 visible
   SPARSEMLA_STAMP(ptid == 0, cuda::kTlSlots);
   const int32_t s0 = sm.slot_set(0)[g.key], s1 = sm.slot_set(1)[g.key];
   if (copier) copy_row(p, w, 0, s0, sm, g.key);
-  copy_scale(p, w, 0, s0, sm, ptid);
-  cuda::cp_async_commit();  // the group of tile 0's scale word
+  cuda::cp_async_commit();  // the scale words of tile 0
   if (copier) copy_row(p, w, 1, s1, sm, g.key);
-  copy_scale(p, w, 1, s1, sm, ptid);
-  cuda::cp_async_commit();  // of tile 1's
+  cuda::cp_async_commit();  // of tile 1
+  cp_async_wait<1>();
+  named_barrier_sync(kProducerBarrier, kProducers);  // tile 0's scale words visible
   bool valid = key_valid(p, w, 0, s0), valid_next = key_valid(p, w, 1, s1);
   cuda::TlLaps laps;
   laps.start();
   for (int32_t i = 0; i < w.tiles; ++i) {
     mbar_wait(sm.raw_full + i % kRawStages, use_parity<kRawStages>(i));
     SPARSEMLA_STAMP(ptid == 0 && i == 0, cuda::kTlRaw0);
-    cp_async_wait<1>();  // this thread's scale word of tile i (and warp 0's slot ids of i + 2)
     laps.lap(0);
     if (i >= kKStages) mbar_wait(sm.empty + i % kKStages, use_parity<kKStages>(i) ^ 1u);
     laps.lap(1);
@@ -409,11 +390,11 @@ __device__ __forceinline__ void producer_loop(const Sm90Params& p, const SplitWo
     mbar_arrive(sm.full + i % kKStages);
     SPARSEMLA_STAMP(ptid == 0 && i == 0, cuda::kTlFull0);
     laps.lap(2);
+    cp_async_wait<0>();  // tile i + 1's scale words and tile i + 2's slot ids, issued a tile ago
     named_barrier_sync(kProducerBarrier, kProducers);
     const int32_t s2 = sm.slot_set(i + 2)[g.key];
     if (copier) copy_row(p, w, i + 2, s2, sm, g.key);
-    copy_scale(p, w, i + 2, s2, sm, ptid);
-    if (slot_loader) load_slots(p, w, i + 4, sm, g.key);  // ring stage of tile i: read at i - 2
+    if (slot_loader) load_slots(p, w, i + 3, sm, g.key);  // ring stage of tile i - 1: read
     cuda::cp_async_commit();
     valid = valid_next;
     valid_next = key_valid(p, w, i + 2, s2);
