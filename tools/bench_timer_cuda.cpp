@@ -19,11 +19,12 @@ namespace sparsemla::tools {
 
 #ifdef SPARSEMLA_TIMELINE
 namespace {
-constexpr int kTlEvents = 16, kTlCtas = 4096, kTlNamed = 11, kTlSums = 16;
+constexpr int kTlEvents = 24, kTlCtas = 4096, kTlNamed = 11, kTlSums = 22;
 constexpr const char* kTlNames[kTlSums] = {
-    "entry",        "split_work", "init",        "p:slots",    "p:raw0", "p:full0",
-    "p:loopdone",   "c:q",        "c:firsttile", "c:loopdone", "c:done", "p:wait_raw",
-    "p:wait_empty", "p:convert",  "p:issue",     "c:wait_full"};
+    "entry",        "split_work", "init",         "p:slots",    "p:raw0",  "p:full0",
+    "p:loopdone",   "c:q",        "c:firsttile",  "c:loopdone", "c:done",  "p:wait_raw",
+    "p:wait_empty", "p:convert",  "p:async_wait", "p:barrier",  "p:issue", "c:exchange",
+    "c:softmax",    "c:wait_pv",  "c:wait_full",  "c:qk"};
 
 // Per event over the CTAs that stamped it: globaltimer (us after the earliest entry) min / median
 // / max, and the median of SM cycles after the CTA's own entry.

@@ -9,7 +9,7 @@
 
 namespace sparsemla::cuda {
 
-inline constexpr int kTimelineEvents = 16;
+inline constexpr int kTimelineEvents = 24;
 inline constexpr int kTimelineCtas = 4096;
 inline constexpr int kTimelineWords = kTimelineCtas * kTimelineEvents * 2;
 
@@ -26,13 +26,22 @@ enum TimelineEvent : int {
   kTlFirstTile = 8,     // consumers: tile 0 available
   kTlLoopDone = 9,      // consumers: last P.V retired
   kTlDone = 10,         // consumers: epilogue done (thread 0)
-  // Cycle sums over the tile loop (thread 0 of the role):
-  kTlWaitRaw = 11,    // producer: waiting for a tile's rows (raw_full)
-  kTlWaitEmpty = 12,  // producer: waiting for a free K stage (empty)
-  kTlConvert = 13,    // producer: dequantisation, fence, publish
-  kTlIssue = 14,      // producer: cp.async wait, producer barrier, next copies
-  kTlWaitFull = 15,   // consumers: waiting for a converted tile (full)
+  // Cycle sums over the tile loop (thread 0 of the role), producer (TlLaps index):
+  kTlWaitRaw = 11,    // 0: waiting for a tile's rows (raw_full)
+  kTlWaitEmpty = 12,  // 1: waiting for a free K stage (empty)
+  kTlConvert = 13,    // 2: dequantisation, fence, publish
+  kTlAsyncWait = 14,  // 3: cp.async.wait_group (scale words, slot ids)
+  kTlBarrier = 15,    // 4: the producer barrier
+  kTlIssue = 16,      // 5: the next copies and slot ids
+  // consumers:
+  kTlExchange = 17,  // 0: score exchange (barrier, shared memory)
+  kTlSoftmax = 18,   // 1: softmax
+  kTlWaitPv = 19,    // 2: wait for P.V(i-1), pack P, rescale
+  kTlWaitFull = 20,  // 3: waiting for a converted tile (full)
+  kTlQk = 21,        // 4: issue Q.K(i+1) and P.V(i), wait for Q.K(i+1)
+  kTlEventsUsed = 22
 };
+static_assert(kTlEventsUsed <= kTimelineEvents);
 
 #if defined(SPARSEMLA_TIMELINE) && defined(__CUDACC__)
 __device__ __forceinline__ void timeline_stamp(unsigned long long* buf, int64_t cta, int event) {
@@ -56,7 +65,7 @@ __device__ __forceinline__ void timeline_value(unsigned long long* buf, int64_t 
 // struct unless SPARSEMLA_TIMELINE.
 struct TlLaps {
 #if defined(SPARSEMLA_TIMELINE) && defined(__CUDACC__)
-  long long last = 0, sum[4] = {0, 0, 0, 0};
+  long long last = 0, sum[6] = {0, 0, 0, 0, 0, 0};
   __device__ __forceinline__ void start() {
     last = clock64();
   }

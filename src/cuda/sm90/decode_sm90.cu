@@ -391,20 +391,24 @@ __device__ __forceinline__ void producer_loop(const Sm90Params& p, const SplitWo
     SPARSEMLA_STAMP(ptid == 0 && i == 0, cuda::kTlFull0);
     laps.lap(2);
     cp_async_wait<0>();  // tile i + 1's scale words and tile i + 2's slot ids, issued a tile ago
+    laps.lap(3);
     named_barrier_sync(kProducerBarrier, kProducers);
+    laps.lap(4);
     const int32_t s2 = sm.slot_set(i + 2)[g.key];
     if (copier) copy_row(p, w, i + 2, s2, sm, g.key);
     if (slot_loader) load_slots(p, w, i + 3, sm, g.key);  // ring stage of tile i - 1: read
     cuda::cp_async_commit();
     valid = valid_next;
     valid_next = key_valid(p, w, i + 2, s2);
-    laps.lap(3);
+    laps.lap(5);
   }
 #ifdef SPARSEMLA_TIMELINE
   SPARSEMLA_STAMP_VALUE(ptid == 0, cuda::kTlWaitRaw, laps.sum[0]);
   SPARSEMLA_STAMP_VALUE(ptid == 0, cuda::kTlWaitEmpty, laps.sum[1]);
   SPARSEMLA_STAMP_VALUE(ptid == 0, cuda::kTlConvert, laps.sum[2]);
-  SPARSEMLA_STAMP_VALUE(ptid == 0, cuda::kTlIssue, laps.sum[3]);
+  SPARSEMLA_STAMP_VALUE(ptid == 0, cuda::kTlAsyncWait, laps.sum[3]);
+  SPARSEMLA_STAMP_VALUE(ptid == 0, cuda::kTlBarrier, laps.sum[4]);
+  SPARSEMLA_STAMP_VALUE(ptid == 0, cuda::kTlIssue, laps.sum[5]);
 #endif
 }
 
@@ -921,8 +925,10 @@ __device__ __forceinline__ void consumer_tile(const ConsumerCtx& x, int32_t i, R
                                               float (&acc)[128], float (&sc)[16],
                                               uint32_t (&pa)[2][4]) {
   exchange_scores(x.sm, i, kMore, x.c, x.wtid, sc);
+  x.laps.lap(0);
   float alpha[2];
   softmax_tile(sc, x.sm.flag_set(i), x.p.scale, x.lane, st, alpha);
+  x.laps.lap(1);
   // P.V(i-1) has run beside the exchange and softmax; wait for it before acc may be rescaled
   // (wgmma.wait_group must be warpgroup-uniform, the rescale test is only warp-uniform) and
   // before its A registers are rewritten.
@@ -931,10 +937,10 @@ __device__ __forceinline__ void consumer_tile(const ConsumerCtx& x, int32_t i, R
   wgmma_fence_operands(pa);
   pack_p(sc, pa);  // before Q.K(i+1) reuses sc as its accumulator
   if (needs_rescale(alpha)) rescale(acc, alpha);
+  x.laps.lap(2);
   if (kMore) {
-    x.laps.lap(1);
     mbar_wait(x.sm.full + (i + 1) % kKStages, use_parity<kKStages>(i + 1));
-    x.laps.lap(0);
+    x.laps.lap(3);
     qk_issue(x.sm, i + 1, x.c, sc);  // tile i's probabilities are in pa now
   }
   pv_issue(x.sm, i, x.c, pa, acc);
@@ -943,6 +949,7 @@ __device__ __forceinline__ void consumer_tile(const ConsumerCtx& x, int32_t i, R
     wgmma_fence_operands(sc);
     if (i > 0) mbar_arrive(x.sm.empty + (i - 1) % kKStages);
   }
+  x.laps.lap(4);
 }
 
 __device__ __forceinline__ void consumer_loop(const Sm90Params& p, const SplitWork& w,
@@ -986,7 +993,11 @@ __device__ __forceinline__ void consumer_loop(const Sm90Params& p, const SplitWo
   wgmma_fence_operands(acc);
   SPARSEMLA_STAMP(tid == 0, cuda::kTlLoopDone);
 #ifdef SPARSEMLA_TIMELINE
-  SPARSEMLA_STAMP_VALUE(tid == 0, cuda::kTlWaitFull, laps.sum[0]);
+  SPARSEMLA_STAMP_VALUE(tid == 0, cuda::kTlExchange, laps.sum[0]);
+  SPARSEMLA_STAMP_VALUE(tid == 0, cuda::kTlSoftmax, laps.sum[1]);
+  SPARSEMLA_STAMP_VALUE(tid == 0, cuda::kTlWaitPv, laps.sum[2]);
+  SPARSEMLA_STAMP_VALUE(tid == 0, cuda::kTlWaitFull, laps.sum[3]);
+  SPARSEMLA_STAMP_VALUE(tid == 0, cuda::kTlQk, laps.sum[4]);
 #endif
   if (p.fused_combine) {
     fused_combine(p, sm, t, h0, heads, x.c, x.wtid, st, acc, tid);
