@@ -65,9 +65,15 @@ __device__ unsigned long long g_timeline[cuda::kTimelineWords];
           g_timeline, (blockIdx.z * gridDim.y + blockIdx.y) * int64_t{gridDim.x} + blockIdx.x, \
           event, value);                                                                       \
   } while (0)
+// The n cycle sums of `laps` as the consecutive events first, first + 1, ...
+#define SPARSEMLA_STAMP_SUMS(cond, first, laps, n)                                              \
+  do {                                                                                          \
+    for (int k_ = 0; k_ < (n); ++k_) SPARSEMLA_STAMP_VALUE(cond, (first) + k_, (laps).sum[k_]); \
+  } while (0)
 #else
 #define SPARSEMLA_STAMP(cond, event) ((void)0)
 #define SPARSEMLA_STAMP_VALUE(cond, event, value) ((void)0)
+#define SPARSEMLA_STAMP_SUMS(cond, first, laps, n) ((void)0)
 #endif
 
 namespace {
@@ -402,14 +408,7 @@ __device__ __forceinline__ void producer_loop(const Sm90Params& p, const SplitWo
     valid_next = key_valid(p, w, i + 2, s2);
     laps.lap(5);
   }
-#ifdef SPARSEMLA_TIMELINE
-  SPARSEMLA_STAMP_VALUE(ptid == 0, cuda::kTlWaitRaw, laps.sum[0]);
-  SPARSEMLA_STAMP_VALUE(ptid == 0, cuda::kTlWaitEmpty, laps.sum[1]);
-  SPARSEMLA_STAMP_VALUE(ptid == 0, cuda::kTlConvert, laps.sum[2]);
-  SPARSEMLA_STAMP_VALUE(ptid == 0, cuda::kTlAsyncWait, laps.sum[3]);
-  SPARSEMLA_STAMP_VALUE(ptid == 0, cuda::kTlBarrier, laps.sum[4]);
-  SPARSEMLA_STAMP_VALUE(ptid == 0, cuda::kTlIssue, laps.sum[5]);
-#endif
+  SPARSEMLA_STAMP_SUMS(ptid == 0, cuda::kTlWaitRaw, laps, 6);  // kTlWaitRaw .. kTlIssue
 }
 
 // ---- tensor work and softmax --------------------------------------------------------------------
@@ -992,13 +991,7 @@ __device__ __forceinline__ void consumer_loop(const Sm90Params& p, const SplitWo
   wgmma_wait<0>();
   wgmma_fence_operands(acc);
   SPARSEMLA_STAMP(tid == 0, cuda::kTlLoopDone);
-#ifdef SPARSEMLA_TIMELINE
-  SPARSEMLA_STAMP_VALUE(tid == 0, cuda::kTlExchange, laps.sum[0]);
-  SPARSEMLA_STAMP_VALUE(tid == 0, cuda::kTlSoftmax, laps.sum[1]);
-  SPARSEMLA_STAMP_VALUE(tid == 0, cuda::kTlWaitPv, laps.sum[2]);
-  SPARSEMLA_STAMP_VALUE(tid == 0, cuda::kTlWaitFull, laps.sum[3]);
-  SPARSEMLA_STAMP_VALUE(tid == 0, cuda::kTlQk, laps.sum[4]);
-#endif
+  SPARSEMLA_STAMP_SUMS(tid == 0, cuda::kTlExchange, laps, 5);  // kTlExchange .. kTlQk
   if (p.fused_combine) {
     fused_combine(p, sm, t, h0, heads, x.c, x.wtid, st, acc, tid);
     SPARSEMLA_STAMP(tid == 0, cuda::kTlDone);
