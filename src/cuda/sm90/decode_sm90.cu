@@ -24,9 +24,10 @@
 //           conflict-free)
 //   S[2]    partial scores, 64 x 32 fp32 per consumer warpgroup, fragment order
 //   flags[3][32], rope[64] (cos / sin), mbarriers full[3], empty[3], raw_full[2]
-// Epilogue: S > 1 writes the partials m, l, acc (combined by the generic combine kernel, launched
-// with programmatic dependent launch), or, with the fused combine (S = 2 by the host's policy),
-// the row's S CTAs are one cluster and combine through distributed shared memory; S == 1
+// Epilogue: S > 1 writes the partials m, l, acc (acc rows staged in shared memory and written by
+// one bulk copy per head when the workspace allows; combined by the generic combine kernel,
+// launched with programmatic dependent launch), or, with the fused combine (S = 2 by the host's
+// policy), the row's S CTAs are one cluster and combine through distributed shared memory; S == 1
 // finishes the rows in place (sink and RoPE cos / sin loaded with Q), stages them as bf16 in the Q
 // buffer and writes 16-byte chunks.
 #include <cuda_bf16.h>
