@@ -9,40 +9,34 @@
 #ifdef SPARSEMLA_TIMELINE
 #include <cstdio>
 
-namespace sparsemla::cuda_sm90 {  // src/cuda/sm90/decode_sm90.cu, SPARSEMLA_TIMELINE builds
-void timeline_clear(cudaStream_t stream);
-void timeline_read(unsigned long long* out);
-}  // namespace sparsemla::cuda_sm90
+#include "cuda/common/timeline.cuh"  // (the library's source tree: debug builds only)
 #endif
 
 namespace sparsemla::tools {
 
 #ifdef SPARSEMLA_TIMELINE
 namespace {
-constexpr int kTlEvents = 24, kTlCtas = 4096, kTlNamed = 11, kTlSums = 22;
-constexpr const char* kTlNames[kTlSums] = {
-    "entry",        "split_work", "init",         "p:slots",    "p:raw0",  "p:full0",
-    "p:loopdone",   "c:q",        "c:firsttile",  "c:loopdone", "c:done",  "p:wait_raw",
-    "p:wait_empty", "p:convert",  "p:async_wait", "p:barrier",  "p:issue", "c:exchange",
-    "c:softmax",    "c:wait_pv",  "c:wait_full",  "c:qk"};
+using cuda::kTimelineCtas;
+using cuda::kTimelineEvents;
+using cuda::kTimelineNames;
 
 // Per event over the CTAs that stamped it: globaltimer (us after the earliest entry) min / median
 // / max, and the median of SM cycles after the CTA's own entry.
 void print_timeline() {
-  std::vector<unsigned long long> buf(size_t{kTlCtas} * kTlEvents * 2);
+  std::vector<unsigned long long> buf(cuda::kTimelineWords);
   sparsemla::cuda_sm90::timeline_read(buf.data());
   const auto at = [&](int cta, int e, int k) {
-    return buf[(static_cast<size_t>(cta) * kTlEvents + e) * 2 + k];
+    return buf[(static_cast<size_t>(cta) * kTimelineEvents + e) * 2 + k];
   };
   unsigned long long g0 = ~0ull;
-  for (int c = 0; c < kTlCtas; ++c) {
+  for (int c = 0; c < kTimelineCtas; ++c) {
     if (at(c, 0, 0) != 0) g0 = std::min(g0, at(c, 0, 0));
   }
   if (g0 == ~0ull) return;
   std::printf("timeline (last call; us after the first CTA entry; cycles after the CTA's entry)\n");
-  for (int e = 0; e < kTlNamed; ++e) {
+  for (int e = 0; e < cuda::kTlFirstSum; ++e) {
     std::vector<double> us, cyc;
-    for (int c = 0; c < kTlCtas; ++c) {
+    for (int c = 0; c < kTimelineCtas; ++c) {
       if (at(c, e, 0) == 0 || at(c, 0, 0) == 0) continue;
       us.push_back(static_cast<double>(at(c, e, 0) - g0) * 1e-3);
       cyc.push_back(static_cast<double>(static_cast<long long>(at(c, e, 1) - at(c, 0, 1))));
@@ -51,17 +45,17 @@ void print_timeline() {
     std::sort(us.begin(), us.end());
     std::sort(cyc.begin(), cyc.end());
     std::printf("  %-12s n=%5zu  us min %7.2f  med %7.2f  max %7.2f   cycles med %9.0f\n",
-                kTlNames[e], us.size(), us.front(), us[us.size() / 2], us.back(),
+                kTimelineNames[e], us.size(), us.front(), us[us.size() / 2], us.back(),
                 cyc[cyc.size() / 2]);
   }
-  for (int e = kTlNamed; e < kTlSums; ++e) {  // cycle sums over the tile loop
+  for (int e = cuda::kTlFirstSum; e < cuda::kTlEventsUsed; ++e) {  // cycle sums over the tile loop
     std::vector<double> cyc;
-    for (int c = 0; c < kTlCtas; ++c) {
+    for (int c = 0; c < kTimelineCtas; ++c) {
       if (at(c, e, 0) == 1) cyc.push_back(static_cast<double>(static_cast<long long>(at(c, e, 1))));
     }
     if (cyc.empty()) continue;
     std::sort(cyc.begin(), cyc.end());
-    std::printf("  %-12s n=%5zu  loop cycles min %9.0f  med %9.0f  max %9.0f\n", kTlNames[e],
+    std::printf("  %-12s n=%5zu  loop cycles min %9.0f  med %9.0f  max %9.0f\n", kTimelineNames[e],
                 cyc.size(), cyc.front(), cyc[cyc.size() / 2], cyc.back());
   }
 }
@@ -93,17 +87,12 @@ Timing time_decode_cuda(const Problem& pb, Path path, const TimingOptions& o) {
 #ifdef SPARSEMLA_TIMELINE
     if (i + 1 == o.reps && path == Path::CudaSm90) sparsemla::cuda_sm90::timeline_clear(stream.s);
 #endif
-    if (o.flush_bytes > 0) {
-      cuda_check(cudaMemsetAsync(flush, i & 0xFF, static_cast<size_t>(o.flush_bytes), stream.s),
-                 "flush");
-    }
-    cuda_check(cudaEventRecord(ev.start, stream.s), "record");
-    if (exec)
-      cuda_check(cudaGraphLaunch(exec, stream.s), "graph launch");
-    else
-      sparse_decode(p, workspace, ws);
-    cuda_check(cudaEventRecord(ev.stop, stream.s), "record");
-    t.seconds.push_back(ev.seconds());
+    t.seconds.push_back(time_cold_call(stream.s, ev, flush, o.flush_bytes, i, [&] {
+      if (exec)
+        cuda_check(cudaGraphLaunch(exec, stream.s), "graph launch");
+      else
+        sparse_decode(p, workspace, ws);
+    }));
   }
   if (exec) cudaGraphExecDestroy(exec);
 #ifdef SPARSEMLA_TIMELINE

@@ -48,6 +48,19 @@ struct CudaEvents {
   }
 };
 
+// One timed call i on `s`: flush_bytes written to `flush` first (a cold L2; fill byte i), then CUDA
+// events around `launch` alone. Seconds (waits for the call).
+inline double time_cold_call(cudaStream_t s, CudaEvents& ev, uint8_t* flush, int64_t flush_bytes,
+                             int32_t i, const std::function<void()>& launch) {
+  if (flush_bytes > 0) {
+    cuda_check(cudaMemsetAsync(flush, i & 0xFF, static_cast<size_t>(flush_bytes), s), "flush");
+  }
+  cuda_check(cudaEventRecord(ev.start, s), "record");
+  launch();
+  cuda_check(cudaEventRecord(ev.stop, s), "record");
+  return ev.seconds();
+}
+
 // Captures what `enqueue` launches on `s` into an executable graph (caller destroys it).
 inline cudaGraphExec_t capture_graph(cudaStream_t s, const std::function<void()>& enqueue) {
   cudaGraph_t g = nullptr;

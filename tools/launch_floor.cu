@@ -53,19 +53,16 @@ double time_graph(cudaStream_t s, const std::function<void()>& enqueue, const Ti
                   uint8_t* flush) {
   cudaGraphExec_t exec = capture_graph(s, enqueue);
   CudaEvents ev;
-  std::vector<double> seconds;
+  Timing t;
   for (int32_t i = 0; i < o.warmup + o.reps; ++i) {
-    if (o.flush_bytes > 0) {
-      cuda_check(cudaMemsetAsync(flush, i & 0xFF, static_cast<size_t>(o.flush_bytes), s), "flush");
-    }
-    cuda_check(cudaEventRecord(ev.start, s), "record");
-    cuda_check(cudaGraphLaunch(exec, s), "graph launch");
-    cuda_check(cudaEventRecord(ev.stop, s), "record");
-    if (i >= o.warmup) seconds.push_back(ev.seconds());
+    const double sec = time_cold_call(s, ev, flush, o.flush_bytes, i, [&] {
+      cuda_check(cudaGraphLaunch(exec, s), "graph launch");
+    });
+    if (i >= o.warmup) t.seconds.push_back(sec);
   }
   cudaGraphExecDestroy(exec);
-  std::sort(seconds.begin(), seconds.end());
-  return seconds[seconds.size() / 2];
+  std::sort(t.seconds.begin(), t.seconds.end());
+  return t.median();
 }
 
 }  // namespace

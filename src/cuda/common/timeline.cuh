@@ -5,6 +5,8 @@
 // 1 MiB device array, written by every call.
 #pragma once
 
+#include <cuda_runtime.h>
+
 #include <cstdint>
 
 namespace sparsemla::cuda {
@@ -42,8 +44,20 @@ enum TimelineEvent : int {
   kTlEventsUsed = 22
 };
 static_assert(kTlEventsUsed <= kTimelineEvents);
+inline constexpr int kTlFirstSum = kTlWaitRaw;  // events from here on hold cycle sums
+
+// The events' names, as `sparsemla bench` prints them.
+inline constexpr const char* kTimelineNames[kTlEventsUsed] = {
+    "entry",        "split_work", "init",         "p:slots",    "p:raw0",  "p:full0",
+    "p:loopdone",   "c:q",        "c:firsttile",  "c:loopdone", "c:done",  "p:wait_raw",
+    "p:wait_empty", "p:convert",  "p:async_wait", "p:barrier",  "p:issue", "c:exchange",
+    "c:softmax",    "c:wait_pv",  "c:wait_full",  "c:qk"};
 
 #if defined(SPARSEMLA_TIMELINE) && defined(__CUDACC__)
+// This CTA's slot in the timeline (linear block index).
+__device__ __forceinline__ int64_t timeline_cta() {
+  return (blockIdx.z * gridDim.y + blockIdx.y) * int64_t{gridDim.x} + blockIdx.x;
+}
 __device__ __forceinline__ void timeline_stamp(unsigned long long* buf, int64_t cta, int event) {
   if (cta >= kTimelineCtas) return;
   unsigned long long g;
@@ -81,3 +95,11 @@ struct TlLaps {
 };
 
 }  // namespace sparsemla::cuda
+
+#ifdef SPARSEMLA_TIMELINE
+namespace sparsemla::cuda_sm90 {  // src/cuda/sm90/decode_sm90.cu
+// Zeroes the sm90 kernel's timeline on `stream`; copies it out (kTimelineWords, synchronous).
+void timeline_clear(cudaStream_t stream);
+void timeline_read(unsigned long long* out);
+}  // namespace sparsemla::cuda_sm90
+#endif

@@ -52,19 +52,13 @@ namespace sparsemla::cuda_sm90 {
 
 #ifdef SPARSEMLA_TIMELINE
 __device__ unsigned long long g_timeline[cuda::kTimelineWords];
-#define SPARSEMLA_STAMP(cond, event)                                                           \
-  do {                                                                                         \
-    if (cond)                                                                                  \
-      cuda::timeline_stamp(                                                                    \
-          g_timeline, (blockIdx.z * gridDim.y + blockIdx.y) * int64_t{gridDim.x} + blockIdx.x, \
-          event);                                                                              \
+#define SPARSEMLA_STAMP(cond, event)                                         \
+  do {                                                                       \
+    if (cond) cuda::timeline_stamp(g_timeline, cuda::timeline_cta(), event); \
   } while (0)
-#define SPARSEMLA_STAMP_VALUE(cond, event, value)                                              \
-  do {                                                                                         \
-    if (cond)                                                                                  \
-      cuda::timeline_value(                                                                    \
-          g_timeline, (blockIdx.z * gridDim.y + blockIdx.y) * int64_t{gridDim.x} + blockIdx.x, \
-          event, value);                                                                       \
+#define SPARSEMLA_STAMP_VALUE(cond, event, value)                                   \
+  do {                                                                              \
+    if (cond) cuda::timeline_value(g_timeline, cuda::timeline_cta(), event, value); \
   } while (0)
 // The n cycle sums of `laps` as the consecutive events first, first + 1, ...
 #define SPARSEMLA_STAMP_SUMS(cond, first, laps, n)                                              \
