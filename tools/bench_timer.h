@@ -1,6 +1,7 @@
 // tools/bench_timer.h: timing one decode call of a Problem on a path (`sparsemla bench` and `run`).
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "problem.h"
@@ -29,5 +30,8 @@ Timing time_decode_cpu(const Problem& pb, const TimingOptions& o);
 Timing time_decode_cuda(const Problem& pb, Path path, const TimingOptions& o);
 // CUDA builds only: prints the launch floor (graphs of empty kernels timed like a cell).
 void print_launch_floor(const TimingOptions& o);
+// CUDA builds only: prints how fast the rows of the problem's decode come back from memory alone
+// (by index and in order; tools/gather_floor.cu), timed like a cell.
+void print_gather_floor(const std::string& shape, const Problem& pb, const TimingOptions& o);
 
 }  // namespace sparsemla::tools

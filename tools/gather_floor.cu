@@ -1,0 +1,149 @@
+// tools/gather_floor.cu: `sparsemla bench --gather-floor`: how fast the memory system returns the
+// rows one decode call reads, with nothing else done with them. For each bench cell, the same
+// caches and index lists as the decode (every attended key's 576 data bytes and 8-byte scale word),
+// timed exactly like a cell (CUDA-graph replay, L2 written cold first, median):
+//   gather:     the rows by index, 16-byte loads at full occupancy (256-thread CTAs, one per
+//               32-key tile of a row; 8 threads per key), the bytes XOR-folded so nothing is
+//               dropped;
+//   contiguous: the same number of bytes read in order from the start of the caches (the
+//               sequential-read reference of the same kernel shape).
+// The gap between the decode and `gather` is what the decode's own pipeline leaves unhidden; the
+// gap between `gather` and `contiguous` is the price of the random rows themselves.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+
+#include "bench_timer.h"
+#include "device_mirror.h"
+
+namespace sparsemla::tools {
+
+namespace {
+
+constexpr int kTileKeys = 32, kThreads = 256, kLanesPerKey = kThreads / kTileKeys;  // 8
+constexpr int kRowChunks = 36;                                                      // 576 / 16
+
+struct GatherList {
+  const int32_t* indices;
+  const int32_t* indptr;
+  const uint8_t* base;
+  int32_t block_size;
+  int64_t block_stride;
+  int64_t num_slots;
+};
+
+// CTA (tile y of row x of list l) folds its keys' rows; one word per CTA is written only if the
+// fold hits a value it practically never does (the loads cannot be dropped).
+__global__ void gather_rows_kernel(GatherList main, GatherList extra, int32_t main_tiles,
+                                   uint32_t* sink) {
+  const bool is_extra = blockIdx.y >= static_cast<uint32_t>(main_tiles);
+  const GatherList& l = is_extra ? extra : main;
+  const int32_t tile = is_extra ? blockIdx.y - main_tiles : blockIdx.y;
+  const int32_t begin = l.indptr[blockIdx.x], end = l.indptr[blockIdx.x + 1];
+  const int32_t k = begin + tile * kTileKeys + static_cast<int32_t>(threadIdx.x) / kLanesPerKey;
+  if (k >= end) return;
+  const int32_t slot = l.indices[k];
+  if (slot < 0 || slot >= l.num_slots) return;
+  const int64_t block = slot / l.block_size, p = slot % l.block_size;
+  const uint8_t* page = l.base + block * l.block_stride;
+  const uint4* row = reinterpret_cast<const uint4*>(page + p * 576);
+  const int lane = static_cast<int>(threadIdx.x) % kLanesPerKey;
+  uint32_t fold = 0;
+#pragma unroll
+  for (int c = lane; c < kRowChunks; c += kLanesPerKey) {
+    const uint4 v = __ldg(row + c);
+    fold ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (lane == 0) {
+    const uint2 s = __ldg(reinterpret_cast<const uint2*>(page + l.block_size * 576 + p * 8));
+    fold ^= s.x ^ s.y;
+  }
+  if (fold == 0x9E3779B9u) sink[blockIdx.x] = fold;
+}
+
+__global__ void read_contiguous_kernel(const uint4* src, int64_t chunks, uint32_t* sink) {
+  uint32_t fold = 0;
+  for (int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; c < chunks;
+       c += int64_t{gridDim.x} * blockDim.x) {
+    const uint4 v = __ldg(src + c);
+    fold ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (fold == 0x9E3779B9u) sink[blockIdx.x] = fold;
+}
+
+GatherList gather_list(const RaggedList& list, const CacheView& cache) {
+  return {list.indices,     list.indptr,        cache.base,
+          cache.block_size, cache.block_stride, cache.num_blocks * cache.block_size};
+}
+
+int32_t max_tiles(const HostList& l, int64_t rows) {
+  int32_t m = 0;
+  for (int64_t t = 0; t < rows; ++t) {
+    const int32_t keys = l.indptr.empty() ? 0 : l.indptr[t + 1] - l.indptr[t];
+    m = std::max(m, (keys + kTileKeys - 1) / kTileKeys);
+  }
+  return m;
+}
+
+double time_graph_median(cudaStream_t s, const std::function<void()>& enqueue,
+                         const TimingOptions& o, uint8_t* flush) {
+  cudaGraphExec_t exec = capture_graph(s, enqueue);
+  CudaEvents ev;
+  std::vector<double> sec;
+  for (int32_t i = 0; i < o.warmup + o.reps; ++i) {
+    const double t = time_cold_call(s, ev, flush, o.flush_bytes, i,
+                                    [&] { cuda_check(cudaGraphLaunch(exec, s), "graph launch"); });
+    if (i >= o.warmup) sec.push_back(t);
+  }
+  cudaGraphExecDestroy(exec);
+  std::sort(sec.begin(), sec.end());
+  return sec[sec.size() / 2];
+}
+
+}  // namespace
+
+void print_gather_floor(const std::string& shape, const Problem& pb, const TimingOptions& o) {
+  DeviceArena arena;
+  CudaStream stream;
+  const cudaStream_t s = stream.s;
+  const DecodeParams d = mirror_problem(pb, arena);
+  uint8_t* flush = arena.alloc<uint8_t>(static_cast<size_t>(std::max<int64_t>(o.flush_bytes, 1)));
+  const int64_t rows = pb.tokens;
+  const int32_t main_tiles = max_tiles(pb.main_list, rows);
+  const int32_t extra_tiles = d.has_extra ? max_tiles(pb.extra_list, rows) : 0;
+  uint32_t* sink = arena.alloc<uint32_t>(static_cast<size_t>(rows));
+  const GatherList main = gather_list(d.main_list, d.main_cache);
+  const GatherList extra = d.has_extra ? gather_list(d.extra_list, d.extra_cache) : main;
+  const dim3 grid(static_cast<uint32_t>(rows), static_cast<uint32_t>(main_tiles + extra_tiles));
+  const double gather = time_graph_median(
+      s, [&] { gather_rows_kernel<<<grid, kThreads, 0, s>>>(main, extra, main_tiles, sink); }, o,
+      flush);
+  // The same bytes in order (from the larger cache; whole 16-byte chunks).
+  const double bytes = static_cast<double>(pb.attended_keys) * 584.0;
+  const HostCache& big = pb.compressed_cache.bytes.size() > pb.window_cache.bytes.size()
+                             ? pb.compressed_cache
+                             : pb.window_cache;
+  const uint8_t* big_base = &big == &pb.compressed_cache ? d.extra_cache.base : d.main_cache.base;
+  const int64_t chunks =
+      std::min(static_cast<int64_t>(bytes / 16), static_cast<int64_t>(big.bytes.size() / 16));
+  const int blocks =
+      static_cast<int>(std::min<int64_t>((chunks + kThreads - 1) / kThreads, 132 * 8));
+  const double contiguous = time_graph_median(
+      s,
+      [&] {
+        read_contiguous_kernel<<<blocks, kThreads, 0, s>>>(reinterpret_cast<const uint4*>(big_base),
+                                                           chunks, sink);
+      },
+      o, flush);
+  cuda_check(cudaGetLastError(), "gather floor kernels");
+  std::printf(
+      "gather floor %-10s B=%-4lld %8.2f MB: rows by index %8.2f us (%6.0f GB/s), "
+      "contiguous %8.2f us (%6.0f GB/s)\n",
+      shape.c_str(), static_cast<long long>(pb.config.batch), bytes * 1e-6, gather * 1e6,
+      bytes / gather * 1e-9, contiguous * 1e6,
+      static_cast<double>(chunks) * 16 / contiguous * 1e-9);
+  std::fflush(stdout);
+}
+
+}  // namespace sparsemla::tools
