@@ -2,9 +2,12 @@
 // rows one decode call reads, with nothing else done with them. For each bench cell, the same
 // caches and index lists as the decode (every attended key's 576 data bytes and 8-byte scale word),
 // timed exactly like a cell (CUDA-graph replay, L2 written cold first, median):
-//   gather:     the rows by index, 16-byte loads at full occupancy (256-thread CTAs, one per
-//               32-key tile of a row; 8 threads per key), the bytes XOR-folded so nothing is
-//               dropped;
+//   rows by index: 16-byte loads at full occupancy (256-thread CTAs, one per 128 keys of a row;
+//               8 threads per key, 4 keys per thread group with all loads issued together), the
+//               bytes XOR-folded so nothing is dropped;
+//   without scale words: the same, data rows only;
+//   keys in slot order: each row's key count read as consecutive slots from its first key's slot
+//               (what the rows cost when they are not scattered);
 //   contiguous: the same number of bytes read in order from the start of the caches (the
 //               sequential-read reference of the same kernel shape).
 // The gap between the decode and `gather` is what the decode's own pipeline leaves unhidden; the
@@ -22,6 +25,7 @@ namespace sparsemla::tools {
 namespace {
 
 constexpr int kTileKeys = 32, kThreads = 256, kLanesPerKey = kThreads / kTileKeys;  // 8
+constexpr int kKeysPerGroup = 4, kCtaKeys = kTileKeys * kKeysPerGroup;              // 128
 constexpr int kRowChunks = 36;                                                      // 576 / 16
 
 struct GatherList {
@@ -33,31 +37,47 @@ struct GatherList {
   int64_t num_slots;
 };
 
-// CTA (tile y of row x of list l) folds its keys' rows; one word per CTA is written only if the
-// fold hits a value it practically never does (the loads cannot be dropped).
-__global__ void gather_rows_kernel(GatherList main, GatherList extra, int32_t main_tiles,
+// CTA (block y of row x of list l: kCtaKeys keys) folds its keys' rows; each 8-lane group owns
+// kKeysPerGroup keys and issues all their loads before using any (indices first, then ~18
+// 16-byte row loads and the scale words in flight per thread). One word per CTA is written only
+// if the fold hits a value it practically never does (the loads cannot be dropped).
+enum class GatherMode { kRowsAndScales, kRowsOnly, kSlotOrder };
+
+template <GatherMode kMode>
+__global__ void gather_rows_kernel(GatherList main, GatherList extra, int32_t main_blocks,
                                    uint32_t* sink) {
-  const bool is_extra = blockIdx.y >= static_cast<uint32_t>(main_tiles);
+  const bool is_extra = blockIdx.y >= static_cast<uint32_t>(main_blocks);
   const GatherList& l = is_extra ? extra : main;
-  const int32_t tile = is_extra ? blockIdx.y - main_tiles : blockIdx.y;
+  const int32_t block_y = is_extra ? blockIdx.y - main_blocks : blockIdx.y;
   const int32_t begin = l.indptr[blockIdx.x], end = l.indptr[blockIdx.x + 1];
-  const int32_t k = begin + tile * kTileKeys + static_cast<int32_t>(threadIdx.x) / kLanesPerKey;
-  if (k >= end) return;
-  const int32_t slot = l.indices[k];
-  if (slot < 0 || slot >= l.num_slots) return;
-  const int64_t block = slot / l.block_size, p = slot % l.block_size;
-  const uint8_t* page = l.base + block * l.block_stride;
-  const uint4* row = reinterpret_cast<const uint4*>(page + p * 576);
+  const int32_t k0 = begin + block_y * kCtaKeys + static_cast<int32_t>(threadIdx.x) / kLanesPerKey;
   const int lane = static_cast<int>(threadIdx.x) % kLanesPerKey;
+  int32_t slot[kKeysPerGroup];
+#pragma unroll
+  for (int u = 0; u < kKeysPerGroup; ++u) {
+    const int32_t k = k0 + u * kTileKeys;
+    // kSlotOrder: the row's keys as consecutive slots from its first one (same count, in order)
+    slot[u] = k >= end ? -1
+              : kMode == GatherMode::kSlotOrder
+                  ? static_cast<int32_t>((l.indices[begin] + int64_t{k - begin}) % l.num_slots)
+                  : l.indices[k];
+  }
   uint32_t fold = 0;
 #pragma unroll
-  for (int c = lane; c < kRowChunks; c += kLanesPerKey) {
-    const uint4 v = __ldg(row + c);
-    fold ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (lane == 0) {
-    const uint2 s = __ldg(reinterpret_cast<const uint2*>(page + l.block_size * 576 + p * 8));
-    fold ^= s.x ^ s.y;
+  for (int u = 0; u < kKeysPerGroup; ++u) {
+    if (slot[u] < 0 || slot[u] >= l.num_slots) continue;
+    const int64_t block = slot[u] / l.block_size, p = slot[u] % l.block_size;
+    const uint8_t* page = l.base + block * l.block_stride;
+    const uint4* row = reinterpret_cast<const uint4*>(page + p * 576);
+#pragma unroll
+    for (int c = lane; c < kRowChunks; c += kLanesPerKey) {
+      const uint4 v = __ldg(row + c);
+      fold ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (kMode != GatherMode::kRowsOnly && lane == 0) {
+      const uint2 w = __ldg(reinterpret_cast<const uint2*>(page + l.block_size * 576 + p * 8));
+      fold ^= w.x ^ w.y;
+    }
   }
   if (fold == 0x9E3779B9u) sink[blockIdx.x] = fold;
 }
@@ -77,11 +97,11 @@ GatherList gather_list(const RaggedList& list, const CacheView& cache) {
           cache.block_size, cache.block_stride, cache.num_blocks * cache.block_size};
 }
 
-int32_t max_tiles(const HostList& l, int64_t rows) {
+int32_t max_blocks(const HostList& l, int64_t rows) {
   int32_t m = 0;
   for (int64_t t = 0; t < rows; ++t) {
     const int32_t keys = l.indptr.empty() ? 0 : l.indptr[t + 1] - l.indptr[t];
-    m = std::max(m, (keys + kTileKeys - 1) / kTileKeys);
+    m = std::max(m, (keys + kCtaKeys - 1) / kCtaKeys);
   }
   return m;
 }
@@ -110,15 +130,19 @@ void print_gather_floor(const std::string& shape, const Problem& pb, const Timin
   const DecodeParams d = mirror_problem(pb, arena);
   uint8_t* flush = arena.alloc<uint8_t>(static_cast<size_t>(std::max<int64_t>(o.flush_bytes, 1)));
   const int64_t rows = pb.tokens;
-  const int32_t main_tiles = max_tiles(pb.main_list, rows);
-  const int32_t extra_tiles = d.has_extra ? max_tiles(pb.extra_list, rows) : 0;
+  const int32_t main_blocks = max_blocks(pb.main_list, rows);
+  const int32_t extra_blocks = d.has_extra ? max_blocks(pb.extra_list, rows) : 0;
   uint32_t* sink = arena.alloc<uint32_t>(static_cast<size_t>(rows));
   const GatherList main = gather_list(d.main_list, d.main_cache);
   const GatherList extra = d.has_extra ? gather_list(d.extra_list, d.extra_cache) : main;
-  const dim3 grid(static_cast<uint32_t>(rows), static_cast<uint32_t>(main_tiles + extra_tiles));
-  const double gather = time_graph_median(
-      s, [&] { gather_rows_kernel<<<grid, kThreads, 0, s>>>(main, extra, main_tiles, sink); }, o,
-      flush);
+  const dim3 grid(static_cast<uint32_t>(rows), static_cast<uint32_t>(main_blocks + extra_blocks));
+  const auto time_mode = [&](auto kernel) {
+    return time_graph_median(
+        s, [&] { kernel<<<grid, kThreads, 0, s>>>(main, extra, main_blocks, sink); }, o, flush);
+  };
+  const double gather = time_mode(gather_rows_kernel<GatherMode::kRowsAndScales>);
+  const double rows_only = time_mode(gather_rows_kernel<GatherMode::kRowsOnly>);
+  const double slot_order = time_mode(gather_rows_kernel<GatherMode::kSlotOrder>);
   // The same bytes in order (from the larger cache; whole 16-byte chunks).
   const double bytes = static_cast<double>(pb.attended_keys) * 584.0;
   const HostCache& big = pb.compressed_cache.bytes.size() > pb.window_cache.bytes.size()
@@ -138,10 +162,10 @@ void print_gather_floor(const std::string& shape, const Problem& pb, const Timin
       o, flush);
   cuda_check(cudaGetLastError(), "gather floor kernels");
   std::printf(
-      "gather floor %-10s B=%-4lld %8.2f MB: rows by index %8.2f us (%6.0f GB/s), "
-      "contiguous %8.2f us (%6.0f GB/s)\n",
+      "gather floor %-10s B=%-4lld %8.2f MB: rows by index %8.2f us (%6.0f GB/s), without "
+      "scale words %8.2f us, keys in slot order %8.2f us, contiguous %8.2f us (%6.0f GB/s)\n",
       shape.c_str(), static_cast<long long>(pb.config.batch), bytes * 1e-6, gather * 1e6,
-      bytes / gather * 1e-9, contiguous * 1e6,
+      bytes / gather * 1e-9, rows_only * 1e6, slot_order * 1e6, contiguous * 1e6,
       static_cast<double>(chunks) * 16 / contiguous * 1e-9);
   std::fflush(stdout);
 }
