@@ -79,6 +79,24 @@ inline cudaGraphExec_t capture_graph(cudaStream_t s, const std::function<void()>
   return exec;
 }
 
+// Median seconds of `reps` cold replays (after `warmup` untimed ones) of the graph captured from
+// `enqueue` on `s`, each timed with time_cold_call (flush_bytes written to `flush` first).
+inline double median_cold_graph_seconds(cudaStream_t s, const std::function<void()>& enqueue,
+                                        int32_t warmup, int32_t reps, uint8_t* flush,
+                                        int64_t flush_bytes) {
+  cudaGraphExec_t exec = capture_graph(s, enqueue);
+  CudaEvents ev;
+  std::vector<double> sec;
+  for (int32_t i = 0; i < warmup + reps; ++i) {
+    const double t = time_cold_call(s, ev, flush, flush_bytes, i,
+                                    [&] { cuda_check(cudaGraphLaunch(exec, s), "graph launch"); });
+    if (i >= warmup) sec.push_back(t);
+  }
+  cudaGraphExecDestroy(exec);
+  std::sort(sec.begin(), sec.end());
+  return sec[sec.size() / 2];
+}
+
 // Owns device allocations; frees them on scope exit.
 class DeviceArena {
  public:

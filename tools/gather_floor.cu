@@ -106,19 +106,9 @@ int32_t max_blocks(const HostList& l, int64_t rows) {
   return m;
 }
 
-double time_graph_median(cudaStream_t s, const std::function<void()>& enqueue,
-                         const TimingOptions& o, uint8_t* flush) {
-  cudaGraphExec_t exec = capture_graph(s, enqueue);
-  CudaEvents ev;
-  std::vector<double> sec;
-  for (int32_t i = 0; i < o.warmup + o.reps; ++i) {
-    const double t = time_cold_call(s, ev, flush, o.flush_bytes, i,
-                                    [&] { cuda_check(cudaGraphLaunch(exec, s), "graph launch"); });
-    if (i >= o.warmup) sec.push_back(t);
-  }
-  cudaGraphExecDestroy(exec);
-  std::sort(sec.begin(), sec.end());
-  return sec[sec.size() / 2];
+double time_graph(cudaStream_t s, const std::function<void()>& enqueue, const TimingOptions& o,
+                  uint8_t* flush) {
+  return median_cold_graph_seconds(s, enqueue, o.warmup, o.reps, flush, o.flush_bytes);
 }
 
 }  // namespace
@@ -137,7 +127,7 @@ void print_gather_floor(const std::string& shape, const Problem& pb, const Timin
   const GatherList extra = d.has_extra ? gather_list(d.extra_list, d.extra_cache) : main;
   const dim3 grid(static_cast<uint32_t>(rows), static_cast<uint32_t>(main_blocks + extra_blocks));
   const auto time_mode = [&](auto kernel) {
-    return time_graph_median(
+    return time_graph(
         s, [&] { kernel<<<grid, kThreads, 0, s>>>(main, extra, main_blocks, sink); }, o, flush);
   };
   const double gather = time_mode(gather_rows_kernel<GatherMode::kRowsAndScales>);
@@ -153,7 +143,7 @@ void print_gather_floor(const std::string& shape, const Problem& pb, const Timin
       std::min(static_cast<int64_t>(bytes / 16), static_cast<int64_t>(big.bytes.size() / 16));
   const int blocks =
       static_cast<int>(std::min<int64_t>((chunks + kThreads - 1) / kThreads, 132 * 8));
-  const double contiguous = time_graph_median(
+  const double contiguous = time_graph(
       s,
       [&] {
         read_contiguous_kernel<<<blocks, kThreads, 0, s>>>(reinterpret_cast<const uint4*>(big_base),

@@ -51,18 +51,7 @@ void launch_pdl(dim3 grid, dim3 block, cudaStream_t s) {
 
 double time_graph(cudaStream_t s, const std::function<void()>& enqueue, const TimingOptions& o,
                   uint8_t* flush) {
-  cudaGraphExec_t exec = capture_graph(s, enqueue);
-  CudaEvents ev;
-  Timing t;
-  for (int32_t i = 0; i < o.warmup + o.reps; ++i) {
-    const double sec = time_cold_call(s, ev, flush, o.flush_bytes, i, [&] {
-      cuda_check(cudaGraphLaunch(exec, s), "graph launch");
-    });
-    if (i >= o.warmup) t.seconds.push_back(sec);
-  }
-  cudaGraphExecDestroy(exec);
-  std::sort(t.seconds.begin(), t.seconds.end());
-  return t.median();
+  return median_cold_graph_seconds(s, enqueue, o.warmup, o.reps, flush, o.flush_bytes);
 }
 
 }  // namespace
