@@ -33,8 +33,8 @@ Timing time_decode_cuda(const Problem&, Path path, const TimingOptions&) {
 void print_launch_floor(const TimingOptions&) {
   throw_arg_error("bench", "--launch-floor", "a CUDA build", "a build without CUDA");
 }
-void print_gather_floor(const std::string&, const Problem&, const TimingOptions&) {
-  throw_arg_error("bench", "--gather-floor", "a CUDA build", "a build without CUDA");
+void print_gather_only(const std::string&, const Problem&, const TimingOptions&) {
+  throw_arg_error("bench", "--gather-only", "a CUDA build", "a build without CUDA");
 }
 #endif
 

@@ -31,7 +31,7 @@ Timing time_decode_cuda(const Problem& pb, Path path, const TimingOptions& o);
 // CUDA builds only: prints the launch floor (graphs of empty kernels timed like a cell).
 void print_launch_floor(const TimingOptions& o);
 // CUDA builds only: prints how fast the rows of the problem's decode come back from memory alone
-// (by index and in order; tools/gather_floor.cu), timed like a cell.
-void print_gather_floor(const std::string& shape, const Problem& pb, const TimingOptions& o);
+// (by index and in order; tools/gather_only.cu), timed like a cell.
+void print_gather_only(const std::string& shape, const Problem& pb, const TimingOptions& o);
 
 }  // namespace sparsemla::tools

@@ -30,7 +30,7 @@ struct BenchOptions {
   std::string json;
   uint64_t seed = 7;
   bool launch_floor = false;
-  bool gather_floor = false;
+  bool gather_only = false;
 };
 
 std::vector<Path> bench_paths(const BenchOptions& o) {
@@ -120,7 +120,7 @@ int bench_main(const BenchOptions& o) {
   for (const auto& shape : shapes) {
     for (int64_t batch : o.batches) {
       const Problem pb = build_bench_problem(shape, batch, o.seed);
-      if (o.gather_floor) print_gather_floor(shape.name, pb, o.timing);
+      if (o.gather_only) print_gather_only(shape.name, pb, o.timing);
       for (Path path : paths) {
         for (int32_t splits : o.splits) {
           failures += bench_cell(shape, batch, pb, path, splits, o, results) ? 0 : 1;
@@ -157,7 +157,7 @@ void register_bench(CLI::App& app) {
                   "verify against the float64 reference up to this batch");
   cmd->add_flag("--launch-floor", o.launch_floor,
                 "first print the launch floor: graphs of empty kernels timed like a cell");
-  cmd->add_flag("--gather-floor", o.gather_floor,
+  cmd->add_flag("--gather-only", o.gather_only,
                 "before each shape and batch, print how fast its rows come back from memory alone "
                 "(by index and in order), timed like a cell");
   cmd->add_option("--json", o.json, "write all results as JSON to this file");

@@ -43,11 +43,11 @@ constexpr int32_t kC4Page = 64;     // compressed entries per page, ratio 4
 constexpr int32_t kC128Page = 2;    // ratio 128
 constexpr int32_t kStatePage4 = 4;  // vLLM's compressor state block sizes
 constexpr int32_t kStatePage128 = 8;
-constexpr int32_t kStateRing4 = 4;      // rows pos-7..pos: at most 3 blocks of 4
-constexpr int32_t kStateRing128 = 18;   // rows pos-127..pos: at most 17 blocks of 8
-constexpr int64_t kFillChunk = 65536;   // tokens per writer call while filling caches
-constexpr int64_t kMinPoolTopk = 4;     // aliased ratio-4 pools keep >= 4x top-k entries
-constexpr int64_t kMinPool128 = 2048;   // aliased ratio-128 pools keep >= 2048 entries
+constexpr int32_t kStateRing4 = 4;     // rows pos-7..pos: at most 3 blocks of 4
+constexpr int32_t kStateRing128 = 18;  // rows pos-127..pos: at most 17 blocks of 8
+constexpr int64_t kFillChunk = 65536;  // tokens per writer call while filling caches
+constexpr int64_t kMinPoolTopk = 4;    // aliased ratio-4 pools keep >= 4x top-k entries
+constexpr int64_t kMinPool128 = 2048;  // aliased ratio-128 pools keep >= 2048 entries
 // Latent magnitudes. The kernels round probabilities to bf16 before P.V, so an output element's
 // error is ~2^-9 |V| sqrt(sum p^2), linear in |V| (problem.cpp). The H200 A/B run at RMS 0.5
 // (window) / 1.0 (compressed) checked ~6M elements per table: a handful exceeded SPEC 9's 1e-3

@@ -1,4 +1,4 @@
-// tools/gather_floor.cu: `sparsemla bench --gather-floor`: how fast the memory system returns the
+// tools/gather_only.cu: `sparsemla bench --gather-only`: how fast the memory system returns the
 // rows one decode call reads, with nothing else done with them. For each bench cell, the same
 // caches and index lists as the decode (every attended key's 576 data bytes and 8-byte scale word),
 // timed exactly like a cell (CUDA-graph replay, L2 written cold first, median):
@@ -10,8 +10,8 @@
 //               (what the rows cost when they are not scattered);
 //   contiguous: the same number of bytes read in order from the start of the caches (the
 //               sequential-read reference of the same kernel shape).
-// The gap between the decode and `gather` is what the decode's own pipeline leaves unhidden; the
-// gap between `gather` and `contiguous` is the price of the random rows themselves.
+// A reference, not a proven floor (a better gather may be faster): the gap between the decode and
+// "rows by index" is what the decode's own work and pipeline add to reading its rows.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -113,7 +113,7 @@ double time_graph(cudaStream_t s, const std::function<void()>& enqueue, const Ti
 
 }  // namespace
 
-void print_gather_floor(const std::string& shape, const Problem& pb, const TimingOptions& o) {
+void print_gather_only(const std::string& shape, const Problem& pb, const TimingOptions& o) {
   DeviceArena arena;
   CudaStream stream;
   const cudaStream_t s = stream.s;
@@ -150,9 +150,9 @@ void print_gather_floor(const std::string& shape, const Problem& pb, const Timin
                                                            chunks, sink);
       },
       o, flush);
-  cuda_check(cudaGetLastError(), "gather floor kernels");
+  cuda_check(cudaGetLastError(), "gather-only kernels");
   std::printf(
-      "gather floor %-10s B=%-4lld %8.2f MB: rows by index %8.2f us (%6.0f GB/s), without "
+      "gather only %-10s B=%-4lld %8.2f MB: rows by index %8.2f us (%6.0f GB/s), without "
       "scale words %8.2f us, keys in slot order %8.2f us, contiguous %8.2f us (%6.0f GB/s)\n",
       shape.c_str(), static_cast<long long>(pb.config.batch), bytes * 1e-6, gather * 1e6,
       bytes / gather * 1e-9, rows_only * 1e6, slot_order * 1e6, contiguous * 1e6,
