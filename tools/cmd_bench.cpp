@@ -109,6 +109,11 @@ bool bench_cell(const BenchShape& shape, int64_t batch, const Problem& pb, Path 
 }
 
 int bench_main(const BenchOptions& o) {
+  // Both time GPU kernels: a clear error before any work when there is no device to run them on.
+  if (o.launch_floor && !cuda_device_available())
+    throw_arg_error("bench", "--launch-floor", "a CUDA device", "none available");
+  if (o.gather_only && !cuda_device_available())
+    throw_arg_error("bench", "--gather-only", "a CUDA device", "none available");
   if (o.launch_floor) print_launch_floor(o.timing);
   std::vector<BenchShape> shapes;
   if (o.shapes.empty()) shapes = standard_bench_shapes();
