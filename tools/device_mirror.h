@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_timer.h"
 #include "problem.h"
 
 namespace sparsemla::tools {
@@ -79,18 +80,17 @@ inline cudaGraphExec_t capture_graph(cudaStream_t s, const std::function<void()>
   return exec;
 }
 
-// Median seconds of `reps` cold replays (after `warmup` untimed ones) of the graph captured from
-// `enqueue` on `s`, each timed with time_cold_call (flush_bytes written to `flush` first).
+// Median seconds of o.reps cold replays (after o.warmup untimed ones) of the graph captured from
+// `enqueue` on `s`, each timed with time_cold_call (o.flush_bytes written to `flush` first).
 inline double median_cold_graph_seconds(cudaStream_t s, const std::function<void()>& enqueue,
-                                        int32_t warmup, int32_t reps, uint8_t* flush,
-                                        int64_t flush_bytes) {
+                                        const TimingOptions& o, uint8_t* flush) {
   cudaGraphExec_t exec = capture_graph(s, enqueue);
   CudaEvents ev;
   std::vector<double> sec;
-  for (int32_t i = 0; i < warmup + reps; ++i) {
-    const double t = time_cold_call(s, ev, flush, flush_bytes, i,
+  for (int32_t i = 0; i < o.warmup + o.reps; ++i) {
+    const double t = time_cold_call(s, ev, flush, o.flush_bytes, i,
                                     [&] { cuda_check(cudaGraphLaunch(exec, s), "graph launch"); });
-    if (i >= warmup) sec.push_back(t);
+    if (i >= o.warmup) sec.push_back(t);
   }
   cudaGraphExecDestroy(exec);
   std::sort(sec.begin(), sec.end());

@@ -106,11 +106,6 @@ int32_t max_blocks(const HostList& l, int64_t rows) {
   return m;
 }
 
-double time_graph(cudaStream_t s, const std::function<void()>& enqueue, const TimingOptions& o,
-                  uint8_t* flush) {
-  return median_cold_graph_seconds(s, enqueue, o.warmup, o.reps, flush, o.flush_bytes);
-}
-
 }  // namespace
 
 void print_gather_only(const std::string& shape, const Problem& pb, const TimingOptions& o) {
@@ -127,7 +122,7 @@ void print_gather_only(const std::string& shape, const Problem& pb, const Timing
   const GatherList extra = d.has_extra ? gather_list(d.extra_list, d.extra_cache) : main;
   const dim3 grid(static_cast<uint32_t>(rows), static_cast<uint32_t>(main_blocks + extra_blocks));
   const auto time_mode = [&](auto kernel) {
-    return time_graph(
+    return median_cold_graph_seconds(
         s, [&] { kernel<<<grid, kThreads, 0, s>>>(main, extra, main_blocks, sink); }, o, flush);
   };
   const double gather = time_mode(gather_rows_kernel<GatherMode::kRowsAndScales>);
@@ -143,7 +138,7 @@ void print_gather_only(const std::string& shape, const Problem& pb, const Timing
       std::min(static_cast<int64_t>(bytes / 16), static_cast<int64_t>(big.bytes.size() / 16));
   const int blocks =
       static_cast<int>(std::min<int64_t>((chunks + kThreads - 1) / kThreads, 132 * 8));
-  const double contiguous = time_graph(
+  const double contiguous = median_cold_graph_seconds(
       s,
       [&] {
         read_contiguous_kernel<<<blocks, kThreads, 0, s>>>(reinterpret_cast<const uint4*>(big_base),

@@ -49,11 +49,6 @@ void launch_pdl(dim3 grid, dim3 block, cudaStream_t s) {
   cuda_check(cudaLaunchKernelEx(&cfg, waiting_kernel, static_cast<int*>(nullptr)), "launch");
 }
 
-double time_graph(cudaStream_t s, const std::function<void()>& enqueue, const TimingOptions& o,
-                  uint8_t* flush) {
-  return median_cold_graph_seconds(s, enqueue, o.warmup, o.reps, flush, o.flush_bytes);
-}
-
 }  // namespace
 
 void print_launch_floor(const TimingOptions& o) {
@@ -65,11 +60,11 @@ void print_launch_floor(const TimingOptions& o) {
              "smem attribute");
   int* none = nullptr;
   const cudaStream_t s = stream.s;
-  const double one = time_graph(
+  const double one = median_cold_graph_seconds(
       s, [&] { empty_kernel<<<1, 32, 0, s>>>(none); }, o, flush);
   const auto sm90 = [&] { empty_kernel<<<kSm90Ctas, kSm90Threads, kSm90SmemBytes, s>>>(none); };
-  const double big = time_graph(s, sm90, o, flush);
-  const double pdl = time_graph(
+  const double big = median_cold_graph_seconds(s, sm90, o, flush);
+  const double pdl = median_cold_graph_seconds(
       s,
       [&] {
         sm90();
