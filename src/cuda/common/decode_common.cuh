@@ -434,6 +434,18 @@ __device__ __forceinline__ void inverse_rope(float& a, float& b, float2 cs) {
   b = nb;
 }
 
+// (a, b) rounded to bf16 at dst, dst + 1: one 4-byte store when the output allows it.
+__device__ __forceinline__ void store_bf16_pair(__nv_bfloat16* dst, float a, float b,
+                                                bool pair_aligned) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+  if (pair_aligned) {
+    *reinterpret_cast<__nv_bfloat162*>(dst) = v;
+  } else {
+    dst[0] = v.x;
+    dst[1] = v.y;
+  }
+}
+
 // Stores the output pair (dims d, d + 1; d even) of row (t, h), rotating it back first when d is a
 // RoPE dim and positions are given.
 __device__ __forceinline__ void store_out_pair(const FinishParams& f, int64_t t, int32_t h, int d,
@@ -441,14 +453,8 @@ __device__ __forceinline__ void store_out_pair(const FinishParams& f, int64_t t,
   if (f.positions != nullptr && d >= Fp8DsMla::kNopeDims) {
     inverse_rope(a, b, rope_cos_sin(f, t, (d - Fp8DsMla::kNopeDims) / 2));
   }
-  __nv_bfloat16* dst = f.out + t * f.out_stride_token + h * f.out_stride_head + d;
-  const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-  if (f.out_pair_aligned) {
-    *reinterpret_cast<__nv_bfloat162*>(dst) = v;
-  } else {
-    dst[0] = v.x;
-    dst[1] = v.y;
-  }
+  store_bf16_pair(f.out + t * f.out_stride_token + h * f.out_stride_head + d, a, b,
+                  f.out_pair_aligned != 0);
 }
 
 __device__ __forceinline__ void store_lse(const FinishParams& f, int64_t t, int32_t h, float v) {

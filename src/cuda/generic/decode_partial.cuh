@@ -413,8 +413,9 @@ __device__ __forceinline__ void gather_scores(const float* partial, int h, int p
 
 // Online softmax of one tile for head h = tid / TPH (TPH threads per head, KPT keys each): updates
 // the head's running (m, l) (identical in its TPH threads), writes bf16 probabilities and alpha.
+// Returns whether the head's m moved (alpha != 1: alpha <= e^-8 then, 0 on the first valid tile).
 template <int HB>
-__device__ __forceinline__ void softmax_tile(const Smem<HB>& sm, const float* partial,
+__device__ __forceinline__ bool softmax_tile(const Smem<HB>& sm, const float* partial,
                                              const uint8_t* flags, float scale, int tid,
                                              float& m_run, float& l_run) {
   using C = Cfg<HB>;
@@ -479,31 +480,25 @@ __device__ __forceinline__ void softmax_tile(const Smem<HB>& sm, const float* pa
     *reinterpret_cast<uint32_t*>(dst) = packed[0];
   }
   if (part == 0) sm.alpha[h] = alpha;
+  return move;
 }
 
 // ---- P.V ----------------------------------------------------------------------------------------
-// acc *= alpha per head row (skipped by the whole warp when every alpha is 1: lazy rescale).
+// acc *= alpha per head row; called only when some head of the CTA moved its m this tile (lazy
+// rescale: rare), the others' alpha being exactly 1.
 template <int HB>
 __device__ __forceinline__ void rescale_acc(const Smem<HB>& sm, int lane,
                                             float (&acc)[HB][kNTiles][4]) {
   const int g = lane / 4;
-  float alo[HB], ahi[HB];
-  bool rescale = false;
 #pragma unroll
   for (int mt = 0; mt < HB; ++mt) {
-    alo[mt] = sm.alpha[mt * kHeadTile + g];
-    ahi[mt] = sm.alpha[mt * kHeadTile + g + 8];
-    rescale |= alo[mt] != 1.0f || ahi[mt] != 1.0f;
-  }
-  if (!__any_sync(0xFFFFFFFFu, rescale)) return;
-#pragma unroll
-  for (int mt = 0; mt < HB; ++mt) {
+    const float alo = sm.alpha[mt * kHeadTile + g], ahi = sm.alpha[mt * kHeadTile + g + 8];
 #pragma unroll
     for (int j = 0; j < kNTiles; ++j) {
-      acc[mt][j][0] *= alo[mt];
-      acc[mt][j][1] *= alo[mt];
-      acc[mt][j][2] *= ahi[mt];
-      acc[mt][j][3] *= ahi[mt];
+      acc[mt][j][0] *= alo;
+      acc[mt][j][1] *= alo;
+      acc[mt][j][2] *= ahi;
+      acc[mt][j][3] *= ahi;
     }
   }
 }
@@ -564,10 +559,15 @@ __device__ __forceinline__ void write_partials(const PartialParams& p, const Sme
 }
 
 // S == 1: the combine of one split, done in place (sink, normalisation, inverse RoPE, lse, store).
+// Per thread: one output pointer per row and the RoPE cos/sin of its column pairs loaded once (a
+// warp's 64 columns are all NoPE or all RoPE: 448 = 7 x 64), so the unrolled stores are a few
+// instructions each; per-store pointer math, position loads and branches made this epilogue ~20%
+// of the stall samples at C4-Flash B = 128 (ncu, session 8), mostly instruction-fetch stalls.
 template <int HB>
 __device__ __forceinline__ void finish_rows(const PartialParams& p, const Smem<HB>& sm, int64_t t,
                                             int32_t h0, int32_t heads, int tid,
                                             const float (&acc)[HB][kNTiles][4]) {
+  static_assert(Fp8DsMla::kNopeDims % kColsPerWarp == 0);
   const FinishParams& f = p.finish;
   if (tid < heads) {
     const float l_raw = sm.row_l[tid];
@@ -577,6 +577,19 @@ __device__ __forceinline__ void finish_rows(const PartialParams& p, const Smem<H
   }
   __syncthreads();
   const int warp = tid / 32, lane = tid % 32, g = lane / 4;
+  const int col0 = kColsPerWarp * warp + 2 * (lane % 4);  // column of pair j: col0 + 8 j
+  const bool rope = f.positions != nullptr && kColsPerWarp * warp >= Fp8DsMla::kNopeDims;
+  float2 cs[kNTiles];
+  if (rope) {
+    const float* rope_row = cuda::rope_row(f, t);
+#pragma unroll
+    for (int j = 0; j < kNTiles; ++j) {
+      const int k = (col0 + 8 * j - Fp8DsMla::kNopeDims) / 2;
+      cs[j] = make_float2(__ldg(rope_row + k), __ldg(rope_row + 32 + k));
+    }
+  }
+  const bool pair_aligned = f.out_pair_aligned != 0;
+  __nv_bfloat16* const out_t = f.out + t * f.out_stride_token + col0;
 #pragma unroll
   for (int mt = 0; mt < HB; ++mt) {
 #pragma unroll
@@ -584,12 +597,13 @@ __device__ __forceinline__ void finish_rows(const PartialParams& p, const Smem<H
       const int row = mt * kHeadTile + g + 8 * half;
       if (row >= heads) continue;
       const float coef = sm.row_coef[row];
+      __nv_bfloat16* const dst = out_t + (h0 + row) * f.out_stride_head;
 #pragma unroll
       for (int j = 0; j < kNTiles; ++j) {
-        const int col = kColsPerWarp * warp + 8 * j + 2 * (lane % 4);
-        const float a = coef == 0.0f ? 0.0f : acc[mt][j][2 * half] * coef;
-        const float b = coef == 0.0f ? 0.0f : acc[mt][j][2 * half + 1] * coef;
-        cuda::store_out_pair(f, t, h0 + row, col, a, b);
+        float a = coef == 0.0f ? 0.0f : acc[mt][j][2 * half] * coef;
+        float b = coef == 0.0f ? 0.0f : acc[mt][j][2 * half + 1] * coef;
+        if (rope) cuda::inverse_rope(a, b, cs[j]);
+        cuda::store_bf16_pair(dst + 8 * j, a, b, pair_aligned);
       }
     }
   }
@@ -649,10 +663,10 @@ __device__ __forceinline__ void partial_body(const PartialParams& p, unsigned ch
       __syncthreads();
       // Tile i+1's rows arrived during tile i; the check overlaps the softmax's loads.
       const bool fast_next = __all_sync(0xFFFFFFFFu, rows_fast(rc, r));
-      softmax_tile<HB>(sm, sm.partials(i), sm.flags + (i & 1) * kKeyTile, p.scale, tid, m_run,
-                       l_run);
-      __syncthreads();
-      rescale_acc<HB>(sm, lane, acc);
+      const bool moved = softmax_tile<HB>(sm, sm.partials(i), sm.flags + (i & 1) * kKeyTile,
+                                          p.scale, tid, m_run, l_run);
+      // The barrier also tells every warp whether any head moved its m (no alpha loads when none).
+      if (__syncthreads_or(moved)) rescale_acc<HB>(sm, lane, acc);
       if (i + 1 < w.tiles) {
         // P.V of tile i beside the dequantisation of tile i+1 (tensor and ALU work interleave),
         // then the loads of tile i+2 (registers) and the slot ids of tile i+3.
