@@ -118,6 +118,15 @@ static_assert(kBarrierOffset % 8 == 0, "mbarriers are 8-byte aligned");
 
 using Sm90Params = cuda::DecodeKernelParams;  // the decode kernels' one parameter struct
 
+// The most splits the fused combine takes (the host rule below; the kernel is instantiated for
+// 2..kFusedMaxSplits only). A compile definition, default 2, so measurements can widen it.
+#ifndef SPARSEMLA_SM90_FUSED_MAX_SPLITS
+#define SPARSEMLA_SM90_FUSED_MAX_SPLITS 2
+#endif
+constexpr int32_t kFusedMaxSplits = SPARSEMLA_SM90_FUSED_MAX_SPLITS;
+static_assert(kFusedMaxSplits >= 2 && kFusedMaxSplits <= cuda::kMaxFusedSplits,
+              "the kernel fuses 2..8 splits");
+
 // Device code exists only in the sm_90a cubin (and the host pass); other targets get an empty
 // kernel.
 #if !defined(__CUDA_ARCH__) || defined(SPARSEMLA_SM90A_DEVICE)
@@ -825,32 +834,19 @@ __device__ __forceinline__ void fused_finish_columns(const Sm90Params& p, const 
   }
 }
 
+// fused_finish_columns<num_splits>, instantiated for S .. kFusedMaxSplits only (the host never
+// fuses more splits).
+template <int S>
 __device__ __forceinline__ void fused_finish_columns_any(const Sm90Params& p, const FusedTile& ft,
                                                          const Smem& sm, int64_t t, int32_t h0,
                                                          int32_t heads, uint32_t rank, int ctid) {
-  switch (p.num_splits) {
-    case 2:
-      fused_finish_columns<2>(p, ft, sm, t, h0, heads, rank, ctid);
-      break;
-    case 3:
-      fused_finish_columns<3>(p, ft, sm, t, h0, heads, rank, ctid);
-      break;
-    case 4:
-      fused_finish_columns<4>(p, ft, sm, t, h0, heads, rank, ctid);
-      break;
-    case 5:
-      fused_finish_columns<5>(p, ft, sm, t, h0, heads, rank, ctid);
-      break;
-    case 6:
-      fused_finish_columns<6>(p, ft, sm, t, h0, heads, rank, ctid);
-      break;
-    case 7:
-      fused_finish_columns<7>(p, ft, sm, t, h0, heads, rank, ctid);
-      break;
-    default:
-      fused_finish_columns<8>(p, ft, sm, t, h0, heads, rank, ctid);
-      break;
+  if constexpr (S < kFusedMaxSplits) {
+    if (p.num_splits != S) {
+      fused_finish_columns_any<S + 1>(p, ft, sm, t, h0, heads, rank, ctid);
+      return;
+    }
   }
+  fused_finish_columns<S>(p, ft, sm, t, h0, heads, rank, ctid);
 }
 
 // The consumers' side of the fused combine (the producer warps take part in both cluster
@@ -866,7 +862,7 @@ __device__ __forceinline__ void fused_combine(const Sm90Params& p, const Smem& s
   const uint32_t rank = cluster_rank();
   if (tid < kHeads) fused_coefficients(p, ft, t, h0, heads, tid, rank);
   named_barrier_sync(kExchangeBarrier, kConsumers);
-  fused_finish_columns_any(p, ft, sm, t, h0, heads, rank, tid);
+  fused_finish_columns_any<2>(p, ft, sm, t, h0, heads, rank, tid);
   cluster_sync();  // no CTA leaves while a peer may still read its shared memory
 }
 
@@ -1122,14 +1118,8 @@ int fused_cluster_capacity(int32_t splits) {
 // B = 32: 57.5 -> 40 us); S = 4..8 fused was slower than the combine kernel in every cell measured
 // (C4-Flash B = 8 S = 8: 28.5 against 25.1 us at the planner's S = 10; a second wave of clusters
 // doubled C4-Pro B = 8 S = 8: 56.8 against 34.8 us). The kernel handles S up to kMaxFusedSplits.
-// SPARSEMLA_SM90_FUSED_MAX_SPLITS (a compile definition, default 2) widens the rule to 2..N for
+// SPARSEMLA_SM90_FUSED_MAX_SPLITS (kFusedMaxSplits, above) widens the rule to 2..N for
 // measurements.
-#ifndef SPARSEMLA_SM90_FUSED_MAX_SPLITS
-#define SPARSEMLA_SM90_FUSED_MAX_SPLITS 2
-#endif
-constexpr int32_t kFusedMaxSplits = SPARSEMLA_SM90_FUSED_MAX_SPLITS;
-static_assert(kFusedMaxSplits >= 2 && kFusedMaxSplits <= cuda::kMaxFusedSplits,
-              "the kernel fuses 2..8 splits");
 
 bool use_fused_combine(int64_t clusters, int32_t splits) {
   return splits >= 2 && splits <= kFusedMaxSplits && clusters <= fused_cluster_capacity(splits);
