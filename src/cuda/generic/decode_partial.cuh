@@ -86,7 +86,7 @@ struct Cfg {
   static constexpr int kPartialBytes = kDimSplits * kHeads * kKeyTile * 4;
   static constexpr int kPBytes = kHeads * kPPitch * 2;
   static constexpr int kFlagBytes = 2 * kKeyTile + 16;  // key valid bytes of tiles i % 2, zero
-  static constexpr int kRowBytes = 4 * kHeads * 4;  // alpha, m, l, coefficient per head
+  static constexpr int kRowBytes = 4 * kHeads * 4;      // alpha, m, l, coefficient per head
   static constexpr int kSmemBytes = kQBytes + 2 * kKBytes + kPBytes + kFlagBytes + kRowBytes;
   // HB = 1 fits two CTAs per SM (<= 128 registers); HB >= 2 needs more than 128 registers.
   static constexpr int kMinBlocksPerSm = HB == 1 ? 2 : 1;
