@@ -446,6 +446,32 @@ __device__ __forceinline__ void store_bf16_pair(__nv_bfloat16* dst, float a, flo
   }
 }
 
+// 8 bf16 output values (16 bytes) to dst when out is not 16-byte aligned: pairs or elements.
+inline __device__ __noinline__ void store_out_chunk_unaligned(const FinishParams& f,
+                                                              __nv_bfloat16* dst, uint4 v) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if (f.out_pair_aligned) {
+      *reinterpret_cast<uint32_t*>(dst + 2 * i) = w[i];
+    } else {
+      dst[2 * i] = __ushort_as_bfloat16(static_cast<unsigned short>(w[i] & 0xFFFFu));
+      dst[2 * i + 1] = __ushort_as_bfloat16(static_cast<unsigned short>(w[i] >> 16));
+    }
+  }
+}
+
+// 8 bf16 output values of row (t, h), dims [8 ch, +8): one 16-byte store when out allows it.
+__device__ __forceinline__ void store_out_chunk(const FinishParams& f, int64_t t, int32_t h, int ch,
+                                                uint4 v) {
+  __nv_bfloat16* dst = f.out + t * f.out_stride_token + h * f.out_stride_head + 8 * ch;
+  if (f.out_chunk_aligned) {
+    *reinterpret_cast<uint4*>(dst) = v;
+  } else {
+    store_out_chunk_unaligned(f, dst, v);
+  }
+}
+
 // Stores the output pair (dims d, d + 1; d even) of row (t, h), rotating it back first when d is a
 // RoPE dim and positions are given.
 __device__ __forceinline__ void store_out_pair(const FinishParams& f, int64_t t, int32_t h, int d,

@@ -569,15 +569,17 @@ __device__ __forceinline__ void write_partials(const PartialParams& p, const Sme
 }
 
 // S == 1: the combine of one split, done in place (sink, normalisation, inverse RoPE, lse, store).
-// Per thread: one output pointer per row and the RoPE cos/sin of its column pairs loaded once (a
-// warp's 64 columns are all NoPE or all RoPE: 448 = 7 x 64), so the unrolled stores are a few
-// instructions each; per-store pointer math, position loads and branches made this epilogue ~20%
-// of the stall samples at C4-Flash B = 128 (ncu, session 8), mostly instruction-fetch stalls.
+// The finished rows are staged as bf16 in the Q buffer (free after the last Q.K), then leave in
+// 16-byte chunks with consecutive threads along a row. The RoPE cos/sin of a thread's column pairs
+// are loaded once (a warp's columns are all NoPE or all RoPE: 448 = 7 x 64). ncu, C4-Flash
+// B = 128: with one 4-byte store per column pair and per-store address math, position loads and
+// branches, this epilogue was ~20% of the stall samples (instruction fetch, store queue).
 template <int HB>
 __device__ __forceinline__ void finish_rows(const PartialParams& p, const Smem<HB>& sm, int64_t t,
                                             int32_t h0, int32_t heads, int tid,
                                             const float (&acc)[HB][kNTiles][4]) {
   static_assert(Fp8DsMla::kNopeDims % kColsPerWarp == 0);
+  constexpr int kChunksPerRow = kDim / 8;
   const FinishParams& f = p.finish;
   if (tid < heads) {
     const float l_raw = sm.row_l[tid];
@@ -598,8 +600,8 @@ __device__ __forceinline__ void finish_rows(const PartialParams& p, const Smem<H
       cs[j] = make_float2(__ldg(rope_row + k), __ldg(rope_row + 32 + k));
     }
   }
-  const bool pair_aligned = f.out_pair_aligned != 0;
-  __nv_bfloat16* const out_t = f.out + t * f.out_stride_token + col0;
+  // Rows g and g + 8 of a warp are 1040 bytes (4 banks) apart: the 32 lanes' pair stores hit
+  // distinct banks.
 #pragma unroll
   for (int mt = 0; mt < HB; ++mt) {
 #pragma unroll
@@ -607,15 +609,23 @@ __device__ __forceinline__ void finish_rows(const PartialParams& p, const Smem<H
       const int row = mt * kHeadTile + g + 8 * half;
       if (row >= heads) continue;
       const float coef = sm.row_coef[row];
-      __nv_bfloat16* const dst = out_t + (h0 + row) * f.out_stride_head;
+      uint32_t* staged = reinterpret_cast<uint32_t*>(sm.q + row * kRowPitch + col0);
 #pragma unroll
       for (int j = 0; j < kNTiles; ++j) {
         float a = coef == 0.0f ? 0.0f : acc[mt][j][2 * half] * coef;
         float b = coef == 0.0f ? 0.0f : acc[mt][j][2 * half + 1] * coef;
         if (rope) cuda::inverse_rope(a, b, cs[j]);
-        cuda::store_bf16_pair(dst + 8 * j, a, b, pair_aligned);
+        staged[4 * j] = cuda::bf16x2_bits(a, b);
       }
     }
+  }
+  __syncthreads();
+#pragma unroll 4
+  for (int n = 0; n < Cfg<HB>::kHeads * kChunksPerRow / kThreads; ++n) {
+    const int j = tid + kThreads * n, row = j / kChunksPerRow, ch = j % kChunksPerRow;
+    if (row >= heads) break;  // rows grow with n
+    cuda::store_out_chunk(f, t, h0 + row, ch,
+                          *reinterpret_cast<const uint4*>(sm.q + row * kRowPitch + 8 * ch));
   }
 }
 

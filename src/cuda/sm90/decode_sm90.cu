@@ -658,32 +658,6 @@ __device__ __forceinline__ void stage_finished(const Sm90Params& p, int64_t t, i
   }
 }
 
-// 8 bf16 output values (16 bytes) to dst when out is not 16-byte aligned: pairs or elements.
-__device__ __noinline__ void store_out_chunk_unaligned(const cuda::FinishParams& f,
-                                                       __nv_bfloat16* dst, uint4 v) {
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    if (f.out_pair_aligned) {
-      *reinterpret_cast<uint32_t*>(dst + 2 * i) = w[i];
-    } else {
-      dst[2 * i] = __ushort_as_bfloat16(static_cast<unsigned short>(w[i] & 0xFFFFu));
-      dst[2 * i + 1] = __ushort_as_bfloat16(static_cast<unsigned short>(w[i] >> 16));
-    }
-  }
-}
-
-// 8 bf16 output values of row (t, h), dims [8 ch, +8): one 16-byte store when out allows it.
-__device__ __forceinline__ void store_out_chunk(const cuda::FinishParams& f, int64_t t, int32_t h,
-                                                int ch, uint4 v) {
-  __nv_bfloat16* dst = f.out + t * f.out_stride_token + h * f.out_stride_head + 8 * ch;
-  if (f.out_chunk_aligned) {
-    *reinterpret_cast<uint4*>(dst) = v;
-  } else {
-    store_out_chunk_unaligned(f, dst, v);
-  }
-}
-
 // S == 1, step 2: the staged rows h0.. to out, 16-byte chunks with consecutive threads along a
 // row (pair or element stores where out is not 16-byte aligned).
 __device__ __forceinline__ void write_staged(const cuda::FinishParams& f, int64_t t, int32_t h0,
@@ -692,8 +666,8 @@ __device__ __forceinline__ void write_staged(const cuda::FinishParams& f, int64_
   for (int n = 0; n < kHeads * kChunks / kConsumers; ++n) {
     const int j = ctid + kConsumers * n, row = j / kChunks, ch = j % kChunks;
     if (row >= heads) break;  // rows grow with n
-    store_out_chunk(f, t, h0 + row, ch,
-                    *reinterpret_cast<const uint4*>(sm.q + stage_offset(row, ch)));
+    cuda::store_out_chunk(f, t, h0 + row, ch,
+                          *reinterpret_cast<const uint4*>(sm.q + stage_offset(row, ch)));
   }
 }
 
@@ -829,7 +803,7 @@ __device__ __forceinline__ void fused_finish_columns(const Sm90Params& p, const 
       }
       const uint4 w = make_uint4(cuda::bf16x2_bits(o[0], o[1]), cuda::bf16x2_bits(o[2], o[3]),
                                  cuda::bf16x2_bits(o[4], o[5]), cuda::bf16x2_bits(o[6], o[7]));
-      store_out_chunk(f, t, h0 + row, ch, w);
+      cuda::store_out_chunk(f, t, h0 + row, ch, w);
     }
   }
 }
