@@ -600,8 +600,8 @@ __device__ __forceinline__ void finish_rows(const PartialParams& p, const Smem<H
       cs[j] = make_float2(__ldg(rope_row + k), __ldg(rope_row + 32 + k));
     }
   }
-  // Rows g and g + 8 of a warp are 1040 bytes (4 banks) apart: the 32 lanes' pair stores hit
-  // distinct banks.
+  // A store's 8 rows (g = lane / 4) are 1040 bytes (4 banks) apart: its 32 lanes hit distinct
+  // banks.
 #pragma unroll
   for (int mt = 0; mt < HB; ++mt) {
 #pragma unroll
