@@ -19,6 +19,7 @@
 
 #include "bench_timer.h"
 #include "device_mirror.h"
+#include "sparsemla/format.h"
 
 namespace sparsemla::tools {
 
@@ -26,7 +27,7 @@ namespace {
 
 constexpr int kTileKeys = 32, kThreads = 256, kLanesPerKey = kThreads / kTileKeys;  // 8
 constexpr int kKeysPerGroup = 4, kCtaKeys = kTileKeys * kKeysPerGroup;              // 128
-constexpr int kRowChunks = 36;                                                      // 576 / 16
+constexpr int kRowChunks = Fp8DsMla::kDataBytes / 16;                               // 36
 
 struct GatherList {
   const int32_t* indices;
@@ -66,16 +67,16 @@ __global__ void gather_rows_kernel(GatherList main, GatherList extra, int32_t ma
 #pragma unroll
   for (int u = 0; u < kKeysPerGroup; ++u) {
     if (slot[u] < 0 || slot[u] >= l.num_slots) continue;
-    const int64_t block = slot[u] / l.block_size, p = slot[u] % l.block_size;
-    const uint8_t* page = l.base + block * l.block_stride;
-    const uint4* row = reinterpret_cast<const uint4*>(page + p * 576);
+    const uint4* row = reinterpret_cast<const uint4*>(
+        l.base + mla_data_offset(slot[u], l.block_size, l.block_stride));
 #pragma unroll
     for (int c = lane; c < kRowChunks; c += kLanesPerKey) {
       const uint4 v = __ldg(row + c);
       fold ^= v.x ^ v.y ^ v.z ^ v.w;
     }
     if (kMode != GatherMode::kRowsOnly && lane == 0) {
-      const uint2 w = __ldg(reinterpret_cast<const uint2*>(page + l.block_size * 576 + p * 8));
+      const uint2 w = __ldg(reinterpret_cast<const uint2*>(
+          l.base + mla_scale_offset(slot[u], l.block_size, l.block_stride)));
       fold ^= w.x ^ w.y;
     }
   }
@@ -129,7 +130,7 @@ void print_gather_only(const std::string& shape, const Problem& pb, const Timing
   const double rows_only = time_mode(gather_rows_kernel<GatherMode::kRowsOnly>);
   const double slot_order = time_mode(gather_rows_kernel<GatherMode::kSlotOrder>);
   // The same bytes in order (from the larger cache; whole 16-byte chunks).
-  const double bytes = static_cast<double>(pb.attended_keys) * 584.0;
+  const double bytes = static_cast<double>(pb.attended_keys) * Fp8DsMla::kBytesPerToken;
   const HostCache& big = pb.compressed_cache.bytes.size() > pb.window_cache.bytes.size()
                              ? pb.compressed_cache
                              : pb.window_cache;
