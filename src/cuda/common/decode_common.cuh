@@ -434,18 +434,6 @@ __device__ __forceinline__ void inverse_rope(float& a, float& b, float2 cs) {
   b = nb;
 }
 
-// (a, b) rounded to bf16 at dst, dst + 1: one 4-byte store when the output allows it.
-__device__ __forceinline__ void store_bf16_pair(__nv_bfloat16* dst, float a, float b,
-                                                bool pair_aligned) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-  if (pair_aligned) {
-    *reinterpret_cast<__nv_bfloat162*>(dst) = v;
-  } else {
-    dst[0] = v.x;
-    dst[1] = v.y;
-  }
-}
-
 // 8 bf16 output values (16 bytes) to dst when out is not 16-byte aligned: pairs or elements.
 inline __device__ __noinline__ void store_out_chunk_unaligned(const FinishParams& f,
                                                               __nv_bfloat16* dst, uint4 v) {
@@ -479,8 +467,14 @@ __device__ __forceinline__ void store_out_pair(const FinishParams& f, int64_t t,
   if (f.positions != nullptr && d >= Fp8DsMla::kNopeDims) {
     inverse_rope(a, b, rope_cos_sin(f, t, (d - Fp8DsMla::kNopeDims) / 2));
   }
-  store_bf16_pair(f.out + t * f.out_stride_token + h * f.out_stride_head + d, a, b,
-                  f.out_pair_aligned != 0);
+  __nv_bfloat16* dst = f.out + t * f.out_stride_token + h * f.out_stride_head + d;
+  const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+  if (f.out_pair_aligned) {
+    *reinterpret_cast<__nv_bfloat162*>(dst) = v;
+  } else {
+    dst[0] = v.x;
+    dst[1] = v.y;
+  }
 }
 
 __device__ __forceinline__ void store_lse(const FinishParams& f, int64_t t, int32_t h, float v) {
