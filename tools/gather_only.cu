@@ -29,13 +29,10 @@ constexpr int kTileKeys = 32, kThreads = 256, kLanesPerKey = kThreads / kTileKey
 constexpr int kKeysPerGroup = 4, kCtaKeys = kTileKeys * kKeysPerGroup;              // 128
 constexpr int kRowChunks = Fp8DsMla::kDataBytes / 16;                               // 36
 
-struct GatherList {
-  const int32_t* indices;
-  const int32_t* indptr;
-  const uint8_t* base;
-  int32_t block_size;
-  int64_t block_stride;
-  int64_t num_slots;
+// A list's rows and the cache they index (the decode's own public views, by value).
+struct GatherSource {
+  RaggedList list;
+  CacheView cache;
 };
 
 // CTA (block y of row x of list l: kCtaKeys keys) folds its keys' rows; each 8-lane group owns
@@ -45,10 +42,12 @@ struct GatherList {
 enum class GatherMode { kRowsAndScales, kRowsOnly, kSlotOrder };
 
 template <GatherMode kMode>
-__global__ void gather_rows_kernel(GatherList main, GatherList extra, int32_t main_blocks,
+__global__ void gather_rows_kernel(GatherSource main, GatherSource extra, int32_t main_blocks,
                                    uint32_t* sink) {
   const bool is_extra = blockIdx.y >= static_cast<uint32_t>(main_blocks);
-  const GatherList& l = is_extra ? extra : main;
+  const RaggedList& l = is_extra ? extra.list : main.list;
+  const CacheView& cache = is_extra ? extra.cache : main.cache;
+  const int64_t num_slots = cache.num_blocks * cache.block_size;
   const int32_t block_y = is_extra ? blockIdx.y - main_blocks : blockIdx.y;
   const int32_t begin = l.indptr[blockIdx.x], end = l.indptr[blockIdx.x + 1];
   const int32_t k0 = begin + block_y * kCtaKeys + static_cast<int32_t>(threadIdx.x) / kLanesPerKey;
@@ -60,15 +59,15 @@ __global__ void gather_rows_kernel(GatherList main, GatherList extra, int32_t ma
     // kSlotOrder: the row's keys as consecutive slots from its first one (same count, in order)
     slot[u] = k >= end ? -1
               : kMode == GatherMode::kSlotOrder
-                  ? static_cast<int32_t>((l.indices[begin] + int64_t{k - begin}) % l.num_slots)
+                  ? static_cast<int32_t>((l.indices[begin] + int64_t{k - begin}) % num_slots)
                   : l.indices[k];
   }
   uint32_t fold = 0;
 #pragma unroll
   for (int u = 0; u < kKeysPerGroup; ++u) {
-    if (slot[u] < 0 || slot[u] >= l.num_slots) continue;
+    if (!slot_is_valid(slot[u], cache.num_blocks, cache.block_size)) continue;
     const uint4* row = reinterpret_cast<const uint4*>(
-        l.base + mla_data_offset(slot[u], l.block_size, l.block_stride));
+        cache.base + mla_data_offset(slot[u], cache.block_size, cache.block_stride));
 #pragma unroll
     for (int c = lane; c < kRowChunks; c += kLanesPerKey) {
       const uint4 v = __ldg(row + c);
@@ -76,7 +75,7 @@ __global__ void gather_rows_kernel(GatherList main, GatherList extra, int32_t ma
     }
     if (kMode != GatherMode::kRowsOnly && lane == 0) {
       const uint2 w = __ldg(reinterpret_cast<const uint2*>(
-          l.base + mla_scale_offset(slot[u], l.block_size, l.block_stride)));
+          cache.base + mla_scale_offset(slot[u], cache.block_size, cache.block_stride)));
       fold ^= w.x ^ w.y;
     }
   }
@@ -91,11 +90,6 @@ __global__ void read_contiguous_kernel(const uint4* src, int64_t chunks, uint32_
     fold ^= v.x ^ v.y ^ v.z ^ v.w;
   }
   if (fold == 0x9E3779B9u) sink[blockIdx.x] = fold;
-}
-
-GatherList gather_list(const RaggedList& list, const CacheView& cache) {
-  return {list.indices,     list.indptr,        cache.base,
-          cache.block_size, cache.block_stride, cache.num_blocks * cache.block_size};
 }
 
 int32_t max_blocks(const HostList& l, int64_t rows) {
@@ -119,8 +113,8 @@ void print_gather_only(const std::string& shape, const Problem& pb, const Timing
   const int32_t main_blocks = max_blocks(pb.main_list, rows);
   const int32_t extra_blocks = d.has_extra ? max_blocks(pb.extra_list, rows) : 0;
   uint32_t* sink = arena.alloc<uint32_t>(static_cast<size_t>(rows));
-  const GatherList main = gather_list(d.main_list, d.main_cache);
-  const GatherList extra = d.has_extra ? gather_list(d.extra_list, d.extra_cache) : main;
+  const GatherSource main{d.main_list, d.main_cache};
+  const GatherSource extra = d.has_extra ? GatherSource{d.extra_list, d.extra_cache} : main;
   const dim3 grid(static_cast<uint32_t>(rows), static_cast<uint32_t>(main_blocks + extra_blocks));
   const auto time_mode = [&](auto kernel) {
     return median_cold_graph_seconds(
