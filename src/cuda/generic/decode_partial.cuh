@@ -568,6 +568,32 @@ __device__ __forceinline__ void write_partials(const PartialParams& p, const Sme
   }
 }
 
+// The finished rows of this thread's accumulators as bf16 pairs into the staging rows (the Q
+// buffer). A store's 8 rows (g = lane / 4) are 1040 bytes (4 banks) apart: its 32 lanes hit
+// distinct banks.
+template <int HB, bool kRope>
+__device__ __forceinline__ void stage_rows(const Smem<HB>& sm, int32_t heads, int g, int col0,
+                                           const float2 (&cs)[kNTiles],
+                                           const float (&acc)[HB][kNTiles][4]) {
+#pragma unroll
+  for (int mt = 0; mt < HB; ++mt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = mt * kHeadTile + g + 8 * half;
+      if (row >= heads) continue;
+      const float coef = sm.row_coef[row];
+      uint32_t* staged = reinterpret_cast<uint32_t*>(sm.q + row * kRowPitch + col0);
+#pragma unroll
+      for (int j = 0; j < kNTiles; ++j) {
+        float a = coef == 0.0f ? 0.0f : acc[mt][j][2 * half] * coef;
+        float b = coef == 0.0f ? 0.0f : acc[mt][j][2 * half + 1] * coef;
+        if constexpr (kRope) cuda::inverse_rope(a, b, cs[j]);
+        staged[4 * j] = cuda::bf16x2_bits(a, b);
+      }
+    }
+  }
+}
+
 // S == 1: the combine of one split, done in place (sink, normalisation, inverse RoPE, lse, store).
 // The finished rows are staged as bf16 in the Q buffer (free after the last Q.K), then leave in
 // 16-byte chunks with consecutive threads along a row. The RoPE cos/sin of a thread's column pairs
@@ -591,7 +617,7 @@ __device__ __forceinline__ void finish_rows(const PartialParams& p, const Smem<H
   const int warp = tid / 32, lane = tid % 32, g = lane / 4;
   const int col0 = kColsPerWarp * warp + 2 * (lane % 4);  // column of pair j: col0 + 8 j
   const bool rope = f.positions != nullptr && kColsPerWarp * warp >= Fp8DsMla::kNopeDims;
-  float2 cs[kNTiles];
+  float2 cs[kNTiles] = {};
   if (rope) {
     const float* rope_row = cuda::rope_row(f, t);
 #pragma unroll
@@ -600,24 +626,12 @@ __device__ __forceinline__ void finish_rows(const PartialParams& p, const Smem<H
       cs[j] = make_float2(__ldg(rope_row + k), __ldg(rope_row + 32 + k));
     }
   }
-  // A store's 8 rows (g = lane / 4) are 1040 bytes (4 banks) apart: its 32 lanes hit distinct
-  // banks.
-#pragma unroll
-  for (int mt = 0; mt < HB; ++mt) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = mt * kHeadTile + g + 8 * half;
-      if (row >= heads) continue;
-      const float coef = sm.row_coef[row];
-      uint32_t* staged = reinterpret_cast<uint32_t*>(sm.q + row * kRowPitch + col0);
-#pragma unroll
-      for (int j = 0; j < kNTiles; ++j) {
-        float a = coef == 0.0f ? 0.0f : acc[mt][j][2 * half] * coef;
-        float b = coef == 0.0f ? 0.0f : acc[mt][j][2 * half + 1] * coef;
-        if (rope) cuda::inverse_rope(a, b, cs[j]);
-        staged[4 * j] = cuda::bf16x2_bits(a, b);
-      }
-    }
+  // RoPE is warp-uniform (one warp of eight): a branch, so the NoPE warps skip its 6 flops per
+  // pair (branch-free code computed and discarded them: 106 instructions per row pair, not ~55).
+  if (rope) {
+    stage_rows<HB, true>(sm, heads, g, col0, cs, acc);
+  } else {
+    stage_rows<HB, false>(sm, heads, g, col0, cs, acc);
   }
   __syncthreads();
 #pragma unroll 4
