@@ -627,7 +627,8 @@ __device__ __forceinline__ void finish_rows(const PartialParams& p, const Smem<H
     }
   }
   // RoPE is warp-uniform (one warp of eight): a branch, so the NoPE warps skip its 6 flops per
-  // pair (branch-free code computed and discarded them: 106 instructions per row pair, not ~55).
+  // pair (branch-free code computed and discarded them: 106 SASS instructions per staged row
+  // pair instead of 50).
   if (rope) {
     stage_rows<HB, true>(sm, heads, g, col0, cs, acc);
   } else {
