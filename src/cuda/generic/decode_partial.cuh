@@ -313,17 +313,14 @@ __device__ __forceinline__ void load_q_tile(const PartialParams& p, int64_t t, i
 }
 
 // ---- Q.K ----------------------------------------------------------------------------------------
-// Warp w = 4 * group + ds: its head / key block (Cfg) over dims [128 ds, +128); the partial sums go
-// to partial set ds. Each score is one mma accumulation chain over its 128 dims, whatever HB.
-template <int HB>
-__device__ __forceinline__ void qk_tile(const Smem<HB>& sm, const __nv_bfloat16* kbuf,
-                                        float* partial, int warp, int lane) {
-  using C = Cfg<HB>;
-  constexpr int kMT = C::kQkMTiles, kKH = C::kQkKeys / 16;  // 16-key halves per ldmatrix.x4
-  const int group = warp / C::kDimSplits, ds = warp % C::kDimSplits;
-  const int row0 = HB == 1 ? 0 : group * kMT * kHeadTile;
-  const int key0 = HB == 1 ? group * C::kQkKeys : 0;
-  const int d0 = ds * C::kQkDims;
+// One warp's Q.K block: kMT 16-head tiles from row0 x 16 * kKH keys from key0, over the 128 dims
+// [d0, d0 + 128), into the partial score set dst ([rows][32], score_index). Each score is one mma
+// accumulation chain over its 128 dims in the same order for every block shape, so a score's bits
+// do not depend on the shape.
+template <int kMT, int kKH>
+__device__ __forceinline__ void qk_block(const __nv_bfloat16* q, const __nv_bfloat16* kbuf,
+                                         float* dst, int row0, int key0, int d0, int lane) {
+  constexpr int kQkDims = 128;
   float acc[kMT][2 * kKH][4];
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt) {
@@ -332,11 +329,11 @@ __device__ __forceinline__ void qk_tile(const Smem<HB>& sm, const __nv_bfloat16*
       acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.f;
     }
   }
-  const __nv_bfloat16* a_base = sm.q + (row0 + lane % 16) * kRowPitch + d0 + (lane / 16) * 8;
+  const __nv_bfloat16* a_base = q + (row0 + lane % 16) * kRowPitch + d0 + (lane / 16) * 8;
   const __nv_bfloat16* b_base =
       kbuf + (key0 + lane % 8 + (lane / 16) * 8) * kRowPitch + d0 + ((lane / 8) % 2) * 8;
 #pragma unroll
-  for (int kk = 0; kk < C::kQkDims / 16; ++kk) {
+  for (int kk = 0; kk < kQkDims / 16; ++kk) {
     uint32_t a[kMT][4], b[kKH][4];
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
@@ -353,7 +350,6 @@ __device__ __forceinline__ void qk_tile(const Smem<HB>& sm, const __nv_bfloat16*
       }
     }
   }
-  float* dst = partial + ds * C::kHeads * kKeyTile;
   const int g = lane / 4, q2 = 2 * (lane % 4);
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt) {
@@ -367,6 +363,20 @@ __device__ __forceinline__ void qk_tile(const Smem<HB>& sm, const __nv_bfloat16*
       }
     }
   }
+}
+
+// Warp w = 4 * group + ds: its head / key block (Cfg) over dims [128 ds, +128); the partial sums go
+// to partial set ds.
+template <int HB>
+__device__ __forceinline__ void qk_tile(const Smem<HB>& sm, const __nv_bfloat16* kbuf,
+                                        float* partial, int warp, int lane) {
+  using C = Cfg<HB>;
+  static_assert(C::kQkDims == 128);
+  const int group = warp / C::kDimSplits, ds = warp % C::kDimSplits;
+  const int row0 = HB == 1 ? 0 : group * C::kQkMTiles * kHeadTile;
+  const int key0 = HB == 1 ? group * C::kQkKeys : 0;
+  qk_block<C::kQkMTiles, C::kQkKeys / 16>(sm.q, kbuf, partial + ds * C::kHeads * kKeyTile, row0,
+                                          key0, ds * C::kQkDims, lane);
 }
 
 // ---- softmax ------------------------------------------------------------------------------------
@@ -421,28 +431,45 @@ __device__ __forceinline__ void gather_scores(const float* partial, int h, int p
   }
 }
 
+// One softmax thread's inputs of a tile: the raw scores of its KPT keys (summed over the partial
+// sets) and their valid bytes, in registers (so their buffers can be reused before the math runs).
+template <int HB>
+struct TileScores {
+  float z[Cfg<HB>::kKeysPerThread];
+  uint32_t fl[2];
+};
+
+template <int HB>
+__device__ __forceinline__ TileScores<HB> read_tile_scores(const float* partial,
+                                                           const uint8_t* flags, int tid) {
+  using C = Cfg<HB>;
+  constexpr int kTph = C::kThreadsPerHead, kKpt = C::kKeysPerThread;
+  const int h = tid / kTph, part = tid % kTph;
+  TileScores<HB> ts;
+  gather_scores<HB>(partial, h, part, ts.z);
+  // The KPT valid bytes of the thread's keys in one load.
+  if constexpr (kKpt == 8) {
+    const uint2 v = *reinterpret_cast<const uint2*>(flags + part * kKpt);
+    ts.fl[0] = v.x, ts.fl[1] = v.y;
+  } else if constexpr (kKpt == 4) {
+    ts.fl[0] = *reinterpret_cast<const uint32_t*>(flags + part * kKpt), ts.fl[1] = 0;
+  } else {
+    ts.fl[0] = *reinterpret_cast<const uint16_t*>(flags + part * kKpt), ts.fl[1] = 0;
+  }
+  return ts;
+}
+
 // Online softmax of one tile for head h = tid / TPH (TPH threads per head, KPT keys each): updates
 // the head's running (m, l) (identical in its TPH threads), writes bf16 probabilities and alpha.
 // Returns whether the head's m moved (alpha != 1: alpha <= e^-8 then, 0 on the first valid tile).
 template <int HB>
-__device__ __forceinline__ bool softmax_tile(const Smem<HB>& sm, const float* partial,
-                                             const uint8_t* flags, float scale, int tid,
-                                             float& m_run, float& l_run) {
+__device__ __forceinline__ bool softmax_tile(const Smem<HB>& sm, TileScores<HB> ts, float scale,
+                                             int tid, float& m_run, float& l_run) {
   using C = Cfg<HB>;
   constexpr int kTph = C::kThreadsPerHead, kKpt = C::kKeysPerThread;
   const int h = tid / kTph, part = tid % kTph;
-  float z[kKpt];
-  gather_scores<HB>(partial, h, part, z);
-  // The KPT valid bytes of the thread's keys in one load.
-  uint32_t fl[2];
-  if constexpr (kKpt == 8) {
-    const uint2 v = *reinterpret_cast<const uint2*>(flags + part * kKpt);
-    fl[0] = v.x, fl[1] = v.y;
-  } else if constexpr (kKpt == 4) {
-    fl[0] = *reinterpret_cast<const uint32_t*>(flags + part * kKpt), fl[1] = 0;
-  } else {
-    fl[0] = *reinterpret_cast<const uint16_t*>(flags + part * kKpt), fl[1] = 0;
-  }
+  float* z = ts.z;
+  const uint32_t* fl = ts.fl;
   bool valid[kKpt];
   float tmax = kNoScore;
 #pragma unroll
@@ -600,10 +627,11 @@ __device__ __forceinline__ void stage_rows(const Smem<HB>& sm, int32_t heads, in
 // are loaded once (a warp's columns are all NoPE or all RoPE: 448 = 7 x 64). ncu, C4-Flash
 // B = 128: with one 4-byte store per column pair and per-store address math, position loads and
 // branches, this epilogue was ~20% of the stall samples (instruction fetch, store queue).
-template <int HB>
+// `sync` is the barrier of the kThreads threads that hold the accumulators.
+template <int HB, class Sync>
 __device__ __forceinline__ void finish_rows(const PartialParams& p, const Smem<HB>& sm, int64_t t,
                                             int32_t h0, int32_t heads, int tid,
-                                            const float (&acc)[HB][kNTiles][4]) {
+                                            const float (&acc)[HB][kNTiles][4], Sync sync) {
   static_assert(Fp8DsMla::kNopeDims % kColsPerWarp == 0);
   constexpr int kChunksPerRow = kDim / 8;
   const FinishParams& f = p.finish;
@@ -613,7 +641,7 @@ __device__ __forceinline__ void finish_rows(const PartialParams& p, const Smem<H
     sm.row_coef[tid] = cuda::one_split_coef(m, l, cuda::sink_value(f.sink, h0 + tid));
     cuda::store_lse(f, t, h0 + tid, cuda::finish_lse(m, l));
   }
-  __syncthreads();
+  sync();
   const int warp = tid / 32, lane = tid % 32, g = lane / 4;
   const int col0 = kColsPerWarp * warp + 2 * (lane % 4);  // column of pair j: col0 + 8 j
   const bool rope = f.positions != nullptr && kColsPerWarp * warp >= Fp8DsMla::kNopeDims;
@@ -634,7 +662,7 @@ __device__ __forceinline__ void finish_rows(const PartialParams& p, const Smem<H
   } else {
     stage_rows<HB, false>(sm, heads, g, col0, cs, acc);
   }
-  __syncthreads();
+  sync();
 #pragma unroll 4
   for (int n = 0; n < Cfg<HB>::kHeads * kChunksPerRow / kThreads; ++n) {
     const int j = tid + kThreads * n, row = j / kChunksPerRow, ch = j % kChunksPerRow;
@@ -697,8 +725,9 @@ __device__ __forceinline__ void partial_body(const PartialParams& p, unsigned ch
     for (int32_t i = 0; i < w.tiles; ++i) {
       qk_tile<HB>(sm, sm.k_buf(i), sm.partials(i), warp, lane);
       __syncthreads();
-      const bool moved = softmax_tile<HB>(sm, sm.partials(i), sm.flags + (i & 1) * kKeyTile,
-                                          p.scale, tid, m_run, l_run);
+      const bool moved = softmax_tile<HB>(
+          sm, read_tile_scores<HB>(sm.partials(i), sm.flags + (i & 1) * kKeyTile, tid), p.scale,
+          tid, m_run, l_run);
       // The barrier also tells every warp whether any head moved its m (no alpha loads when none).
       if (__syncthreads_or(moved)) rescale_acc<HB>(sm, lane, acc);
       // Tile i+1's rows were loaded after P.V of tile i-1. Tested only now (late_zero), so their
@@ -734,7 +763,7 @@ __device__ __forceinline__ void partial_body(const PartialParams& p, unsigned ch
   if (p.num_splits > 1) {
     write_partials<HB>(p, sm, t, s, h0, heads, tid, acc);
   } else {
-    finish_rows<HB>(p, sm, t, h0, heads, tid, acc);
+    finish_rows<HB>(p, sm, t, h0, heads, tid, acc, [] { __syncthreads(); });
   }
 }
 
