@@ -656,6 +656,51 @@ TEST_F(GpuDecodeGeneric, EveryHeadBlocksPerCtaVariantMatchesReference) {
   }
 }
 
+// 64-head CTAs (HB = 4; on sm_90 the warp-specialised kernel, whose two warp groups meet at named
+// barriers whose counts depend on the tile count) at every short tile count: rows of 0..4 tiles,
+// rows of one key, rows of invalid slots only, per split. Each run against the reference, and
+// HB = 4 (num_sms = 1) against HB = 1 (num_sms = 100000) bit for bit.
+TEST_F(GpuDecodeGeneric, Hb4EdgeTileCountsMatchHb1BitForBit) {
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  const std::vector<int64_t> lengths = {0, 1, 31, 32, 33, 63, 64, 65, 96, 97, 128, 129, 5, 160};
+  const int64_t T = static_cast<int64_t>(lengths.size());
+  for (int32_t H : {64, 40}) {
+    CaseSpec s;
+    s.T = T;
+    s.H = H;
+    s.main = cache_spec(16, 12);
+    s.extra = cache_spec(64, 4);
+    DecodeCase c = make_case(rng, s, true);
+    std::vector<std::vector<int32_t>> main_rows, extra_rows;
+    for (int64_t t = 0; t < T; ++t) {
+      main_rows.push_back(decode::random_row(rng, lengths[t] % 97, c.main->num_slots(), 0.2));
+      extra_rows.push_back(decode::random_row(rng, lengths[T - 1 - t], c.extra->num_slots(), 0.2));
+    }
+    main_rows[12] = decode::invalid_slot_values(c.main->num_slots());
+    extra_rows[12] = decode::invalid_slot_values(c.extra->num_slots());
+    c.main_list = TestList::from_rows(rng, main_rows, /*lead=*/3);
+    c.extra_list = TestList::from_rows(rng, extra_rows, /*lead=*/0, /*slack=*/0);
+    const DeviceCase d(c);
+    const RefRun ref = reference(c);
+    for (int32_t split : {1, 2, 3}) {
+      std::vector<bf16_bits> hb1;
+      for (int32_t sms : {100000, 1}) {
+        SCOPED_TRACE("H=" + std::to_string(H) + " S=" + std::to_string(split) +
+                     " num_sms=" + std::to_string(sms));
+        const GpuRun run = run_gpu(c, d, split, [sms](DecodeParams& p) { p.num_sms = sms; });
+        expect_matches(c, run, ref);
+        if (hb1.empty()) {
+          hb1 = run.host.out;
+        } else {
+          EXPECT_TRUE(hb1 == run.host.out) << "HB = 4 output bits differ from HB = 1";
+        }
+      }
+    }
+  }
+}
+
 TEST_P(GpuDecode, EdgeLengthsAndInvalidSlots) {
   const uint64_t seed = fresh_seed();
   SPARSEMLA_SEED_TRACE(seed);

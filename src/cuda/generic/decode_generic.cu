@@ -22,6 +22,7 @@
 #include "cuda/common/decode_params.cuh"
 #include "cuda/common/device_info.h"
 #include "cuda/generic/decode_partial.cuh"
+#include "cuda/generic/decode_partial_ws.cuh"
 #include "cuda/generic/generic_backend.h"
 #include "sparsemla/error.h"
 #include "sparsemla/plan.h"
@@ -64,6 +65,18 @@ __global__ void __launch_bounds__(partial::kThreads, Cfg<HB>::kMinBlocksPerSm)
     decode_partial_kernel(const __grid_constant__ PartialParams p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   partial::partial_body<HB>(p, smem_raw);
+}
+
+// HB = 4 where shared memory allows: the warp-specialised shape (decode_partial_ws.cuh), 384
+// threads, at most 168 registers each.
+// Compiled for sm_90+ only (the devices with its 206 KiB of shared memory per block); the host
+// launches it only when the loaded cubin is one of those (LaunchFacts::ws).
+__global__ void __launch_bounds__(partial_ws::kThreads, 1)
+    decode_partial_ws_kernel(const __grid_constant__ PartialParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  partial_ws::partial_ws_body(p, smem_raw);
+#endif
 }
 
 // ---- the combine kernel ------------------------------------------------------------------------
@@ -231,6 +244,7 @@ FinishParams finish_params(const DecodeParams& p) {
 struct LaunchFacts {
   int max_smem = 0;
   bool pdl = false;
+  bool ws = false;  // HB = 4 runs decode_partial_ws_kernel
 };
 constexpr int kMaxDevices = 64;
 
@@ -240,6 +254,12 @@ void opt_in_smem() {
       cudaFuncSetAttribute(decode_partial_kernel<HB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            Cfg<HB>::kSmemBytes),
       "cudaFuncSetAttribute(decode_partial_kernel)");
+}
+
+// SPARSEMLA_GENERIC_WS=0 keeps HB = 4 on the 256-thread kernel (measurement only).
+bool ws_disabled() {
+  const char* s = std::getenv("SPARSEMLA_GENERIC_WS");
+  return s != nullptr && s[0] == '0';
 }
 
 // Dynamic shared memory above 48 KiB needs an opt-in per device and kernel (not a stream
@@ -262,6 +282,17 @@ const LaunchFacts& launch_facts() {
     if (Cfg<1>::kSmemBytes <= f.max_smem) opt_in_smem<1>();
     if (Cfg<2>::kSmemBytes <= f.max_smem) opt_in_smem<2>();
     if (Cfg<4>::kSmemBytes <= f.max_smem) opt_in_smem<4>();
+    cudaFuncAttributes ws_attr{};
+    cuda::check_cuda(cudaFuncGetAttributes(&ws_attr, decode_partial_ws_kernel),
+                     "cudaFuncGetAttributes(decode_partial_ws_kernel)");
+    f.ws = ws_attr.binaryVersion >= 90 && partial_ws::WsSmem::kBytes <= f.max_smem &&
+           !ws_disabled();
+    if (f.ws) {
+      cuda::check_cuda(cudaFuncSetAttribute(decode_partial_ws_kernel,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            partial_ws::WsSmem::kBytes),
+                       "cudaFuncSetAttribute(decode_partial_ws_kernel)");
+    }
   });
   return facts[dev];
 }
@@ -303,10 +334,16 @@ int32_t head_blocks_per_cta(int64_t num_tokens, int32_t splits, int32_t num_head
   return 1;
 }
 
-void launch_partial(int32_t heads_blocks, dim3 grid, cudaStream_t stream, const PartialParams& kp) {
+void launch_partial(int32_t heads_blocks, bool ws, dim3 grid, cudaStream_t stream,
+                    const PartialParams& kp) {
   switch (heads_blocks) {
     case 4:
-      decode_partial_kernel<4><<<grid, partial::kThreads, Cfg<4>::kSmemBytes, stream>>>(kp);
+      if (ws) {
+        decode_partial_ws_kernel<<<grid, partial_ws::kThreads, partial_ws::WsSmem::kBytes,
+                                   stream>>>(kp);
+      } else {
+        decode_partial_kernel<4><<<grid, partial::kThreads, Cfg<4>::kSmemBytes, stream>>>(kp);
+      }
       break;
     case 2:
       decode_partial_kernel<2><<<grid, partial::kThreads, Cfg<2>::kSmemBytes, stream>>>(kp);
@@ -347,7 +384,7 @@ void sparse_decode(const DecodeParams& p, int32_t num_splits, void* workspace) {
   const int64_t hb = plan_head_blocks(p.num_heads);
   const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(num_splits),
                   static_cast<unsigned>((hb + per_cta - 1) / per_cta));
-  launch_partial(per_cta, grid, stream, kp);
+  launch_partial(per_cta, facts.ws, grid, stream, kp);
   if (num_splits == 1) return;
   cuda::launch_combine(kp, stream);
 }
