@@ -841,6 +841,44 @@ TEST_P(GpuDecode, PoisonedCachesAreScrubbed) {
   }
 }
 
+// 64-head CTAs on poisoned caches (NaN bytes, code 255 over zero bytes, NaN RoPE: the exact
+// dequantisation path with the scrub) in both caches, the extra cache 16-byte aligned or not
+// (61-slot pages: byte-wise loads). HB = 4 (num_sms = 1) against the scrubbed reference, without a
+// NaN, and bit for bit against HB = 1 (num_sms = 100000).
+TEST_F(GpuDecodeGeneric, Hb4PoisonedAndUnalignedCachesMatchHb1BitForBit) {
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  for (int32_t extra_bs : {61, 64}) {
+    CaseSpec s;
+    s.T = 9;
+    s.H = 64;
+    s.main = cache_spec(64, 3);
+    s.extra = cache_spec(extra_bs, 4);
+    s.extra_lengths = filled(9, 200);
+    DecodeCase c = make_case(rng, s, true);
+    poison_rows(rng, *c.main);
+    poison_rows(rng, *c.extra);
+    const DeviceCase d(c);
+    const RefRun ref = reference(c);
+    for (int32_t split : {1, 2}) {
+      std::vector<bf16_bits> hb1;
+      for (int32_t sms : {100000, 1}) {
+        SCOPED_TRACE("extra bs=" + std::to_string(extra_bs) + " S=" + std::to_string(split) +
+                     " num_sms=" + std::to_string(sms));
+        const GpuRun run = run_gpu(c, d, split, [sms](DecodeParams& p) { p.num_sms = sms; });
+        EXPECT_EQ(nan_count(c, run.host), 0);
+        expect_matches(c, run, ref);
+        if (hb1.empty()) {
+          hb1 = run.host.out;
+        } else {
+          EXPECT_TRUE(hb1 == run.host.out) << "HB = 4 output bits differ from HB = 1";
+        }
+      }
+    }
+  }
+}
+
 // Sink semantics: absent; finite; -inf changes nothing; +inf gives exact 0; rows without keys give
 // 0 and lse = +inf; lse never includes the sink.
 TEST_P(GpuDecode, SinkVariantsAndLse) {

@@ -3,7 +3,9 @@
 // Partial kernel (decode_partial.cuh), grid (T, S, ceil(hb / HB)), 256 threads: one CTA per query
 // row, split and group of HB head blocks (HB = 4, 2 or 1; 16 heads per block), chosen on the host
 // from the grid size (fewer heads per CTA when the grid would leave SMs idle) and the device's
-// shared memory. S always comes from plan_generic (SPEC 4.4).
+// shared memory. S always comes from plan_generic (SPEC 4.4). HB = 4 on devices with >= 206 KiB
+// of shared memory per block and an sm_90+ cubin runs the warp-specialised shape instead
+// (decode_partial_ws.cuh, 384 threads; same outputs bit for bit).
 // Combine kernel, grid (T, H), 128 threads x 4 columns: SPEC 4.3 / 4.3a. On sm_90+ it is launched
 // with programmatic dependent launch, so its launch overlaps the partial kernel, and it waits for
 // the partials in griddepcontrol.wait; its loads of all splits' m, l (then acc) are in flight
