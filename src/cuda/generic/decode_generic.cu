@@ -287,8 +287,8 @@ const LaunchFacts& launch_facts() {
     cudaFuncAttributes ws_attr{};
     cuda::check_cuda(cudaFuncGetAttributes(&ws_attr, decode_partial_ws_kernel),
                      "cudaFuncGetAttributes(decode_partial_ws_kernel)");
-    f.ws = ws_attr.binaryVersion >= 90 && partial_ws::WsSmem::kBytes <= f.max_smem &&
-           !ws_disabled();
+    f.ws =
+        ws_attr.binaryVersion >= 90 && partial_ws::WsSmem::kBytes <= f.max_smem && !ws_disabled();
     if (f.ws) {
       cuda::check_cuda(cudaFuncSetAttribute(decode_partial_ws_kernel,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize,

@@ -47,7 +47,7 @@ inline constexpr int kPvThreads = 256;  // = partial::kThreads: the HB = 4 softm
 inline constexpr int kQkThreads = 128;
 inline constexpr int kThreads = kPvThreads + kQkThreads;
 inline constexpr int kThreadsPerKey = kQkThreads / kKeyTile;  // 4 gather threads per key
-inline constexpr int kChunksPerThread = 9;                     // of a key's 36 16-byte chunks
+inline constexpr int kChunksPerThread = 9;                    // of a key's 36 16-byte chunks
 static_assert(kPvThreads == partial::kThreads && kThreadsPerKey * kChunksPerThread == 36);
 
 // Named barrier ids (0 is __syncthreads).
@@ -211,8 +211,7 @@ __device__ __forceinline__ void dequant9(const Rows9& rc, bool fast, bool scrub,
 
 // Tile i's rows into its K buffer: the fast conversion when every lane of the warp may take it.
 __device__ __forceinline__ void dequant_rows9(const PartialParams& p, const cuda::SplitWork& w,
-                                              int32_t i, const Rows9& rc, int c,
-                                              const WsSmem& sm) {
+                                              int32_t i, const Rows9& rc, int c, const WsSmem& sm) {
   const bool fast = __all_sync(0xFFFFFFFFu, rows9_fast(rc));
   dequant9(rc, fast, cuda::tile_scrub(p, w, i), c, sm.k_buf(i));
 }
