@@ -797,6 +797,18 @@ void poison_rows(Rng& rng, TestCache& cache) {
   }
 }
 
+// 9 rows of 128 window + 200 extra keys; the extra cache's pages of extra_bs slots (61: unpadded,
+// so not 16-byte aligned: byte-wise loads on the generic path).
+CaseSpec poisoning_spec(int32_t H, int32_t extra_bs) {
+  CaseSpec s;
+  s.T = 9;
+  s.H = H;
+  s.main = cache_spec(64, 3);
+  s.extra = cache_spec(extra_bs, 4);
+  s.extra_lengths = filled(9, 200);
+  return s;
+}
+
 // SPEC 5: the window cache is always scrubbed; the extra cache too unless the provenance gate
 // holds (specialised path, sanitised extra cache asserted, no connector). Gate closed: poisoned
 // rows in both caches give the scrubbed reference result without a NaN. Gate open (sm90 only):
@@ -806,14 +818,8 @@ TEST_P(GpuDecode, PoisonedCachesAreScrubbed) {
   const uint64_t seed = fresh_seed();
   SPARSEMLA_SEED_TRACE(seed);
   Rng rng(seed);
-  for (int32_t extra_bs : {61, 64}) {  // 61 unpadded: byte-wise loads (generic); 64: aligned
-    CaseSpec s;
-    s.T = 9;
-    s.H = 32;
-    s.main = cache_spec(64, 3);
-    s.extra = cache_spec(extra_bs, 4);
-    s.extra_lengths = filled(9, 200);
-    DecodeCase both = make_case(rng, s, true);
+  for (int32_t extra_bs : {61, 64}) {
+    DecodeCase both = make_case(rng, poisoning_spec(32, extra_bs), true);
     DecodeCase main_only = both;
     poison_rows(rng, *both.main);
     main_only.main = both.main;
@@ -855,13 +861,7 @@ TEST_F(GpuDecodeGeneric, Hb4PoisonedAndUnalignedCachesMatchHb1BitForBit) {
   SPARSEMLA_SEED_TRACE(seed);
   Rng rng(seed);
   for (int32_t extra_bs : {61, 64}) {
-    CaseSpec s;
-    s.T = 9;
-    s.H = 64;
-    s.main = cache_spec(64, 3);
-    s.extra = cache_spec(extra_bs, 4);
-    s.extra_lengths = filled(9, 200);
-    DecodeCase c = make_case(rng, s, true);
+    DecodeCase c = make_case(rng, poisoning_spec(64, extra_bs), true);
     poison_rows(rng, *c.main);
     poison_rows(rng, *c.extra);
     const DeviceCase d(c);
