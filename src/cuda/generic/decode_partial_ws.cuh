@@ -35,8 +35,6 @@
 namespace sparsemla::cuda_generic::partial_ws {
 
 using partial::Cfg;
-using partial::kDim;
-using partial::kHeadTile;
 using partial::kKeyTile;
 using partial::kNTiles;
 using partial::kRowPitch;
