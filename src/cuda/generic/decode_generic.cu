@@ -70,9 +70,9 @@ __global__ void __launch_bounds__(partial::kThreads, Cfg<HB>::kMinBlocksPerSm)
 }
 
 // HB = 4 where shared memory allows: the warp-specialised shape (decode_partial_ws.cuh), 384
-// threads, at most 168 registers each.
-// Compiled for sm_90+ only (the devices with its 206 KiB of shared memory per block); the host
-// launches it only when the loaded cubin is one of those (LaunchFacts::ws).
+// threads, at most 168 registers each. Its body is compiled for sm_90+ only (the devices with its
+// 206 KiB of shared memory per block); the host launches it only when the loaded cubin is one of
+// those (LaunchFacts::ws).
 __global__ void __launch_bounds__(partial_ws::kThreads, 1)
     decode_partial_ws_kernel(const __grid_constant__ PartialParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
