@@ -16,6 +16,7 @@
 //   kBarKFree0/1  PV -> QK: the P.V of tile k is done, so K buffer k % 3 may take tile k + 3
 //                 (two ids by parity of k: the PV warps may arrive for k+1 before the QK warps
 //                 wait for k)
+// Which tiles take part in which barrier: ws_schedule.h (host-tested for every tile count).
 //   kBarPv        PV only: P and alpha of tile i written (bar.red.or: did any head move its m?)
 // Three K buffers (K(i) read by P.V, K(i+1) by Q.K, K(i+2) written), two P / alpha buffers, four
 // valid-byte slots. 210,816 bytes of shared memory.
@@ -31,6 +32,7 @@
 #include <cstdint>
 
 #include "cuda/generic/decode_partial.cuh"
+#include "cuda/generic/ws_schedule.h"
 
 namespace sparsemla::cuda_generic::partial_ws {
 
@@ -221,13 +223,16 @@ __device__ __forceinline__ void qk_loop(const PartialParams& p, const cuda::Spli
                                         const WsSmem& sm, int c, Rows9& rc, int32_t slot_next) {
   const int ds = c / 32, lane = c % 32, key = c / kThreadsPerKey;
   float* dst = sm.partials() + ds * C4::kHeads * kKeyTile;
-  for (int32_t i = 0; i < w.tiles; ++i) {
-    if (i > 0) bar_sync(kBarPartFree, kThreads);  // the softmax has read tile i-1's scores
+  const int32_t n = w.tiles;
+  for (int32_t i = 0; i < n; ++i) {
+    if (ws_schedule::qk_waits_part_free(i)) bar_sync(kBarPartFree, kThreads);
     partial::qk_block<4, 2>(sm.q(), sm.k_buf(i), dst, 0, 0, 128 * ds, lane);
     bar_arrive(kBarScores, kThreads);
-    if (i + 2 < w.tiles) {
-      // K buffer (i+2) % 3 held tile i-1: wait for its P.V (i >= 1).
-      if (i >= 1) bar_sync(kBarKFree0 + ((i - 1) & 1), kThreads);
+    if (ws_schedule::qk_converts(i, n)) {
+      // K buffer (i+2) % 3 held tile i-1: wait for its P.V.
+      if (ws_schedule::qk_waits_k_free(i, n)) {
+        bar_sync(kBarKFree0 + ws_schedule::k_free_parity(i - 1), kThreads);
+      }
       dequant_rows9(p, w, i + 2, rc, c, sm);
       if (i + 3 < w.tiles) {
         issue_rows9(p, w, i + 3, slot_next, sm, c, rc);
@@ -242,18 +247,21 @@ __device__ __forceinline__ void pv_loop(const PartialParams& p, const cuda::Spli
                                         const WsSmem& sm, int tid, float& m_run, float& l_run,
                                         float (&acc)[4][kNTiles][4]) {
   const int warp = tid / 32, lane = tid % 32;
-  for (int32_t i = 0; i < w.tiles; ++i) {
+  const int32_t n = w.tiles;
+  for (int32_t i = 0; i < n; ++i) {
     bar_sync(kBarScores, kThreads);
     const partial::TileScores<4> ts =
         partial::read_tile_scores<4>(sm.partials(), sm.tile_flags(i), tid);
-    if (i + 1 < w.tiles) bar_arrive(kBarPartFree, kThreads);
+    if (ws_schedule::pv_arrives_part_free(i, n)) bar_arrive(kBarPartFree, kThreads);
     const partial::Smem<4> v = sm.view(i);
     const bool moved = partial::softmax_tile<4>(v, ts, p.scale, tid, m_run, l_run);
     // P and alpha of tile i complete; every PV warp is past the P.V of tile i-1, so the other
     // P / alpha buffer may be rewritten by the next softmax.
     if (bar_red_or(kBarPv, kPvThreads, moved)) partial::rescale_acc<4>(v, lane, acc);
     partial::pv_tile<4>(v, sm.k_buf(i), warp, lane, acc);
-    if (i + 3 < w.tiles) bar_arrive(kBarKFree0 + (i & 1), kThreads);
+    if (ws_schedule::pv_arrives_k_free(i, n)) {
+      bar_arrive(kBarKFree0 + ws_schedule::k_free_parity(i), kThreads);
+    }
   }
 }
 
