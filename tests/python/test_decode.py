@@ -17,17 +17,20 @@ S03 = float(np.float32(0.03))  # scales pass through fp32
 
 
 def make_cache(rng, nb, bs, pad=0):
-    """A cache filled by the window writer from random latents 0.25 * N(0, 1).
+    """A cache filled by the window writer from random latents 0.1 * N(0, 1) clipped to +-0.2.
 
     Argument for the size: the SPEC 9 rule (abs 1e-3 or rel 2/128 per element) must cover the bf16
-    rounding of the probabilities before P.V, which moves an output element by a random walk of
-    std ~ 2^-9/sqrt(3) * rms(K) * sqrt(sum_j p_j^2). With rms(K) = 0.25 and rows of >= 1 key that is
-    <= 1.7e-4 (a 1e-3 error is a > 5 sigma event; cancelling elements below 0.06 rely on the abs
-    bound). With unit-RMS latents rows of ~30 keys put about 1 element in 10^4 over 1e-3 (measured:
-    an exact emulation of the bf16 probabilities fails as often), outside what the rule covers."""
+    rounding of the probabilities before P.V. It moves an output element by at most 2^-9 * max|v|
+    (the weights p_j / L sum to <= 1); the RoPE pairs are rotated twice (writer, output), so
+    max|v| <= sqrt(2) * 0.2 * (1 + 2^-8) there and the error <= sqrt(2) * 2^-9 * 0.284 = 7.8e-4,
+    plus the output's bf16 rounding (<= 1.25e-4 below |out| = 0.064, where the abs bound applies;
+    above it the relative bound holds: (7.8e-4 + 2^-9 |out|) / |out| < 2/128). So every element
+    passes for every seed. Unclipped 0.25 * N(0, 1) latents failed about once in a few hundred
+    runs (seed 3176790068351532481: a 2-key row, |v| ~ 0.55, d = 1.05e-3 on |ref| = 0.06)."""
     cache = rng.integers(0, 256, size=(nb, bs * 584 + pad), dtype=np.uint8)
     n = nb * bs
-    kv = ref.bf16_round_bits_fast((0.25 * rng.standard_normal((n, 512))).astype(np.float32))
+    latents = np.clip(0.1 * rng.standard_normal((n, 512)), -0.2, 0.2)
+    kv = ref.bf16_round_bits_fast(latents.astype(np.float32))
     sparsemla.write_window(kv, rng.integers(0, 8192, n).astype(np.int64),
                            np.arange(n, dtype=np.int64), TABLE, cache, block_size=bs)
     return cache
