@@ -103,6 +103,17 @@ __device__ __forceinline__ SplitWork split_work(const DecodeKernelParams& p, int
   return w;
 }
 
+// An inactive split (SPEC 4.5: s >= work): m = -FLT_MAX, l = 0 for its heads h0 .. h0 + heads - 1
+// (threads tid < heads write one each); its acc is never read.
+__device__ __forceinline__ void mark_split_inactive(const DecodeKernelParams& p, int64_t t,
+                                                    int32_t s, int32_t h0, int32_t heads, int tid) {
+  if (tid < heads) {
+    const int64_t row = (t * p.num_splits + s) * p.num_heads + h0 + tid;
+    p.ws_m[row] = kNoScore;
+    p.ws_l[row] = 0.0f;
+  }
+}
+
 // Slot id of key `key` of tile i (untrusted; -1 past the tile's end or past the last tile).
 __device__ __forceinline__ int32_t tile_slot(const DecodeKernelParams& p, const SplitWork& w,
                                              int32_t i, int key) {

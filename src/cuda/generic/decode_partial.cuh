@@ -685,12 +685,8 @@ __device__ __forceinline__ void partial_body(const PartialParams& p, unsigned ch
 
   int32_t work;
   const SplitWork w = split_work(p, t, s, &work);
-  if (s >= work) {  // inactive under SPEC 4.5: m = -FLT_MAX, l = 0, acc untouched
-    if (tid < heads) {
-      const int64_t row = (t * p.num_splits + s) * p.num_heads + h0 + tid;
-      p.ws_m[row] = kNoScore;
-      p.ws_l[row] = 0.0f;
-    }
+  if (s >= work) {  // inactive under SPEC 4.5
+    cuda::mark_split_inactive(p, t, s, h0, heads, tid);
     return;
   }
 

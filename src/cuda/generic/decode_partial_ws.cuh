@@ -276,12 +276,8 @@ __device__ __forceinline__ void partial_ws_body(const PartialParams& p, unsigned
 
   int32_t work;
   const cuda::SplitWork w = cuda::split_work(p, t, s, &work);
-  if (s >= work) {  // inactive under SPEC 4.5: m = -FLT_MAX, l = 0, acc untouched
-    if (tid < heads) {
-      const int64_t row = (t * p.num_splits + s) * p.num_heads + h0 + tid;
-      p.ws_m[row] = cuda::kNoScore;
-      p.ws_l[row] = 0.0f;
-    }
+  if (s >= work) {  // inactive under SPEC 4.5
+    cuda::mark_split_inactive(p, t, s, h0, heads, tid);
     return;
   }
   const bool pv = tid < kPvThreads;

@@ -995,12 +995,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   int32_t work;
   const SplitWork w = split_work(p, t, s, &work);
   SPARSEMLA_STAMP(tid == 0, cuda::kTlSplitWork);
-  if (s >= work && !p.fused_combine) {  // inactive (SPEC 4.5): m = -FLT_MAX, l = 0, acc untouched
-    if (tid < heads) {
-      const int64_t r = (t * p.num_splits + s) * p.num_heads + h0 + tid;
-      p.ws_m[r] = kNoScore;
-      p.ws_l[r] = 0.0f;
-    }
+  if (s >= work && !p.fused_combine) {  // inactive (SPEC 4.5)
+    cuda::mark_split_inactive(p, t, s, h0, heads, tid);
     return;
   }
   if (tid == 0) {
