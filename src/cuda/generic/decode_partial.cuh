@@ -521,6 +521,16 @@ __device__ __forceinline__ bool softmax_tile(const Smem<HB>& sm, TileScores<HB> 
 }
 
 // ---- P.V ----------------------------------------------------------------------------------------
+template <int HB>
+__device__ __forceinline__ void clear_acc(float (&acc)[HB][kNTiles][4]) {
+#pragma unroll
+  for (int mt = 0; mt < HB; ++mt) {
+#pragma unroll
+    for (int j = 0; j < kNTiles; ++j)
+      acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.f;
+  }
+}
+
 // acc *= alpha per head row; called only when some head of the CTA moved its m this tile (lazy
 // rescale: rare), the others' alpha being exactly 1.
 template <int HB>
@@ -691,12 +701,7 @@ __device__ __forceinline__ void partial_body(const PartialParams& p, unsigned ch
   }
 
   float acc[HB][kNTiles][4];
-#pragma unroll
-  for (int mt = 0; mt < HB; ++mt) {
-#pragma unroll
-    for (int j = 0; j < kNTiles; ++j)
-      acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.f;
-  }
+  clear_acc<HB>(acc);
   float m_run = kNoScore, l_run = 0.0f;  // softmax threads: identical in the TPH threads of a head
 
   if (w.tiles > 0) {

@@ -310,12 +310,7 @@ __device__ __forceinline__ void partial_ws_body(const PartialParams& p, unsigned
     return;  // the PV warps' barriers below count 256 threads
   }
   float acc[4][kNTiles][4];
-#pragma unroll
-  for (int mt = 0; mt < 4; ++mt) {
-#pragma unroll
-    for (int j = 0; j < kNTiles; ++j)
-      acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.f;
-  }
+  partial::clear_acc<4>(acc);
   float m_run = cuda::kNoScore, l_run = 0.0f;
   pv_loop(p, w, sm, tid, m_run, l_run, acc);
   const partial::Smem<4> v = sm.view(0);
