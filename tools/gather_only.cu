@@ -131,8 +131,11 @@ void print_gather_only(const std::string& shape, const Problem& pb, const Timing
   const uint8_t* big_base = &big == &pb.compressed_cache ? d.extra_cache.base : d.main_cache.base;
   const int64_t chunks =
       std::min(static_cast<int64_t>(bytes / 16), static_cast<int64_t>(big.bytes.size() / 16));
-  const int blocks =
-      static_cast<int>(std::min<int64_t>((chunks + kThreads - 1) / kThreads, 132 * 8));
+  int dev = 0, sms = 0;
+  cuda_check(cudaGetDevice(&dev), "cudaGetDevice");
+  cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "SM count");
+  const int blocks =  // grid-stride: 8 CTAs per SM keep every SM's loads in flight
+      static_cast<int>(std::min<int64_t>((chunks + kThreads - 1) / kThreads, int64_t{sms} * 8));
   const double contiguous = median_cold_graph_seconds(
       s,
       [&] {
