@@ -29,15 +29,16 @@ struct Event {
 };
 enum Group : int { kQk = 0, kPv = 1 };
 
-// The QK warps' barrier events over a split of n tiles, in program order (qk_loop).
+// The QK warps' barrier events over a split of n tiles, in program order (qk_loop): the Q.K of
+// tile 0, then per iteration i the Q.K of tile i+1 beside the conversion of tile i+2.
 std::vector<Event> qk_events(int32_t n) {
   std::vector<Event> e;
-  for (int32_t i = 0; i < n; ++i) {
-    if (ws::qk_waits_part_free(i)) e.push_back({kPartFree, true});
+  if (n == 0) return e;
+  e.push_back({kScores, false});
+  for (int32_t i = 0; i + 1 < n; ++i) {
+    if (ws::qk_waits_k_free(i, n)) e.push_back({kKFree0 + ws::k_free_parity(i - 1), true});
+    if (ws::qk_waits_part_free(i + 1)) e.push_back({kPartFree, true});
     e.push_back({kScores, false});
-    if (ws::qk_converts(i, n) && ws::qk_waits_k_free(i, n)) {
-      e.push_back({kKFree0 + ws::k_free_parity(i - 1), true});
-    }
   }
   return e;
 }

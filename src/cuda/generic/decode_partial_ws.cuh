@@ -193,12 +193,17 @@ __device__ __forceinline__ void dequant9(const Rows9& rc, bool fast, bool scrub,
   const int r = c % kThreadsPerKey;
   __nv_bfloat16* krow = kbuf + (c / kThreadsPerKey) * kRowPitch;
   uint4 lo[7], hi[7];
-  if (fast) {
+  if (fast) {  // chunk by chunk: each converted chunk leaves the registers at once
+    uint4* nope = reinterpret_cast<uint4*>(krow + 16 * r);
 #pragma unroll
     for (int j = 0; j < 7; ++j) {
-      cuda::dequant_nope16_fast(rc.c[j], cuda::scale_code(rc.scale, j), &lo[j], &hi[j]);
+      cuda::dequant_nope16_fast(rc.c[j], cuda::scale_code(rc.scale, j), &lo[0], &hi[0]);
+      nope[8 * j] = lo[0];
+      nope[8 * j + 1] = hi[0];
     }
-    store_rows9(krow, r, lo, hi, rc.c[7], rc.c[8]);
+    uint4* rope = reinterpret_cast<uint4*>(krow + Fp8DsMla::kNopeDims + 8 * r);
+    rope[0] = rc.c[7];
+    rope[4] = rc.c[8];
   } else {
 #pragma unroll
     for (int j = 0; j < 7; ++j) {
@@ -218,26 +223,39 @@ __device__ __forceinline__ void dequant_rows9(const PartialParams& p, const cuda
 
 // ---- the two groups' loops ----------------------------------------------------------------------
 // QK warps. Entry: K(0), K(1) converted, `rc` holds the rows of tile 2 (in flight), `slot_next`
-// the slot id of tile 3, and the CTA barrier passed.
+// the slot id of tile 3, and the CTA barrier passed. The Q.K of tile i+1 and the conversion of
+// tile i+2 share one basic block (tensor and ALU work of this one warp per scheduler interleave);
+// the fast conversion runs unconditionally and rows that need the exact path are redone after it.
 __device__ __forceinline__ void qk_loop(const PartialParams& p, const cuda::SplitWork& w,
                                         const WsSmem& sm, int c, Rows9& rc, int32_t slot_next) {
   const int ds = c / 32, lane = c % 32, key = c / kThreadsPerKey;
   float* dst = sm.partials() + ds * C4::kHeads * kKeyTile;
   const int32_t n = w.tiles;
-  for (int32_t i = 0; i < n; ++i) {
-    if (ws_schedule::qk_waits_part_free(i)) bar_sync(kBarPartFree, kThreads);
-    partial::qk_block<4, 2>(sm.q(), sm.k_buf(i), dst, 0, 0, 128 * ds, lane);
-    bar_arrive(kBarScores, kThreads);
+  partial::qk_block<4, 2>(sm.q(), sm.k_buf(0), dst, 0, 0, 128 * ds, lane);
+  bar_arrive(kBarScores, kThreads);
+  for (int32_t i = 0; i + 1 < n; ++i) {  // produces the scores of tile i+1
+    // K buffer (i+2) % 3 held tile i-1: wait for its P.V; then for the softmax to have read tile
+    // i's scores.
+    if (ws_schedule::qk_waits_k_free(i, n)) {
+      bar_sync(kBarKFree0 + ws_schedule::k_free_parity(i - 1), kThreads);
+    }
+    if (ws_schedule::qk_waits_part_free(i + 1)) bar_sync(kBarPartFree, kThreads);
     if (ws_schedule::qk_converts(i, n)) {
-      // K buffer (i+2) % 3 held tile i-1: wait for its P.V.
-      if (ws_schedule::qk_waits_k_free(i, n)) {
-        bar_sync(kBarKFree0 + ws_schedule::k_free_parity(i - 1), kThreads);
+      // Two 32-head halves (32 accumulators each; the same score chains): register room for the
+      // conversion beside them.
+      partial::qk_block<2, 2>(sm.q(), sm.k_buf(i + 1), dst, 0, 0, 128 * ds, lane);
+      partial::qk_block<2, 2>(sm.q(), sm.k_buf(i + 1), dst, 32, 0, 128 * ds, lane);
+      dequant9(rc, true, false, c, sm.k_buf(i + 2));
+      if (!__all_sync(0xFFFFFFFFu, rows9_fast(rc))) {
+        dequant9(rc, false, cuda::tile_scrub(p, w, i + 2), c, sm.k_buf(i + 2));
       }
-      dequant_rows9(p, w, i + 2, rc, c, sm);
-      if (i + 3 < w.tiles) {
-        issue_rows9(p, w, i + 3, slot_next, sm, c, rc);
-        slot_next = cuda::tile_slot(p, w, i + 4, key);
-      }
+    } else {
+      partial::qk_block<4, 2>(sm.q(), sm.k_buf(i + 1), dst, 0, 0, 128 * ds, lane);
+    }
+    bar_arrive(kBarScores, kThreads);
+    if (i + 3 < n) {
+      issue_rows9(p, w, i + 3, slot_next, sm, c, rc);
+      slot_next = cuda::tile_slot(p, w, i + 4, key);
     }
   }
 }

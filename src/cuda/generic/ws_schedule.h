@@ -5,10 +5,12 @@
 // each group and that no group can arrive at a phase before the previous phase of that barrier
 // completed (the hardware counts arrivals, not phases).
 //
-// Per tile i, in program order:
-//   QK warps: [wait kPartFree if qk_waits_part_free] Q.K(i) -> arrive kScores ->
-//             [if qk_converts: wait kKFree[parity(i - 1)] if qk_waits_k_free, convert tile i+2]
-//   PV warps: wait kScores -> read scores(i) -> [arrive kPartFree if pv_arrives_part_free] ->
+// In program order: the QK warps run Q.K(0) -> arrive kScores, then per iteration i < n - 1:
+//             [wait kKFree[parity(i - 1)] if qk_waits_k_free] -> [wait kPartFree if
+//             qk_waits_part_free(i + 1)] -> Q.K(i+1) beside the conversion of tile i+2 (if
+//             qk_converts) -> arrive kScores;
+// per tile i the PV warps: wait kScores -> read scores(i) -> [arrive kPartFree if
+// pv_arrives_part_free] ->
 //             softmax, P.V(i) -> [arrive kKFree[parity(i)] if pv_arrives_k_free]
 #pragma once
 
