@@ -18,13 +18,32 @@ namespace sparsemla::tools {
 namespace {
 using cuda::kTimelineCtas;
 using cuda::kTimelineEvents;
-using cuda::kTimelineNames;
+
+// One path's timeline: its event names, where the cycle sums start, and how to read it.
+struct TimelineKind {
+  const char* const* names;
+  int first_sum, used;
+  void (*clear)(cudaStream_t);
+  void (*read)(unsigned long long*);
+};
+// The kernels that stamp a timeline: the sm90 kernel and the generic warp-specialised kernel.
+const TimelineKind* timeline_kind(Path path) {
+  static const TimelineKind sm90{cuda::kTimelineNames, cuda::kTlFirstSum, cuda::kTlEventsUsed,
+                                 sparsemla::cuda_sm90::timeline_clear,
+                                 sparsemla::cuda_sm90::timeline_read};
+  static const TimelineKind generic{cuda::kGenericTimelineNames, cuda::kGtFirstSum,
+                                    cuda::kGtEventsUsed, sparsemla::cuda_generic::timeline_clear,
+                                    sparsemla::cuda_generic::timeline_read};
+  if (path == Path::CudaSm90) return &sm90;
+  if (path == Path::CudaGeneric) return &generic;
+  return nullptr;
+}
 
 // Per event over the CTAs that stamped it: globaltimer (us after the earliest entry) min / median
 // / max, and the median of SM cycles after the CTA's own entry.
-void print_timeline() {
+void print_timeline(const TimelineKind& kind) {
   std::vector<unsigned long long> buf(cuda::kTimelineWords);
-  sparsemla::cuda_sm90::timeline_read(buf.data());
+  kind.read(buf.data());
   const auto at = [&](int cta, int e, int k) {
     return buf[(static_cast<size_t>(cta) * kTimelineEvents + e) * 2 + k];
   };
@@ -34,7 +53,7 @@ void print_timeline() {
   }
   if (g0 == ~0ull) return;
   std::printf("timeline (last call; us after the first CTA entry; cycles after the CTA's entry)\n");
-  for (int e = 0; e < cuda::kTlFirstSum; ++e) {
+  for (int e = 0; e < kind.first_sum; ++e) {
     std::vector<double> us, cyc;
     for (int c = 0; c < kTimelineCtas; ++c) {
       if (at(c, e, 0) == 0 || at(c, 0, 0) == 0) continue;
@@ -44,18 +63,18 @@ void print_timeline() {
     if (us.empty()) continue;
     std::sort(us.begin(), us.end());
     std::sort(cyc.begin(), cyc.end());
-    std::printf("  %-12s n=%5zu  us min %7.2f  med %7.2f  max %7.2f   cycles med %9.0f\n",
-                kTimelineNames[e], us.size(), us.front(), us[us.size() / 2], us.back(),
+    std::printf("  %-16s n=%5zu  us min %7.2f  med %7.2f  max %7.2f   cycles med %9.0f\n",
+                kind.names[e], us.size(), us.front(), us[us.size() / 2], us.back(),
                 cyc[cyc.size() / 2]);
   }
-  for (int e = cuda::kTlFirstSum; e < cuda::kTlEventsUsed; ++e) {  // cycle sums over the tile loop
+  for (int e = kind.first_sum; e < kind.used; ++e) {  // cycle sums over the tile loop
     std::vector<double> cyc;
     for (int c = 0; c < kTimelineCtas; ++c) {
       if (at(c, e, 0) == 1) cyc.push_back(static_cast<double>(static_cast<long long>(at(c, e, 1))));
     }
     if (cyc.empty()) continue;
     std::sort(cyc.begin(), cyc.end());
-    std::printf("  %-12s n=%5zu  loop cycles min %9.0f  med %9.0f  max %9.0f\n", kTimelineNames[e],
+    std::printf("  %-16s n=%5zu  loop cycles min %9.0f  med %9.0f  max %9.0f\n", kind.names[e],
                 cyc.size(), cyc.front(), cyc[cyc.size() / 2], cyc.back());
   }
 }
@@ -85,7 +104,7 @@ Timing time_decode_cuda(const Problem& pb, Path path, const TimingOptions& o) {
       o.graph ? capture_graph(stream.s, [&] { sparse_decode(p, workspace, ws); }) : nullptr;
   for (int32_t i = 0; i < o.reps; ++i) {
 #ifdef SPARSEMLA_TIMELINE
-    if (i + 1 == o.reps && path == Path::CudaSm90) sparsemla::cuda_sm90::timeline_clear(stream.s);
+    if (i + 1 == o.reps && timeline_kind(path)) timeline_kind(path)->clear(stream.s);
 #endif
     t.seconds.push_back(time_cold_call(stream.s, ev, flush, o.flush_bytes, i, [&] {
       if (exec)
@@ -96,7 +115,7 @@ Timing time_decode_cuda(const Problem& pb, Path path, const TimingOptions& o) {
   }
   if (exec) cudaGraphExecDestroy(exec);
 #ifdef SPARSEMLA_TIMELINE
-  if (path == Path::CudaSm90) print_timeline();
+  if (timeline_kind(path)) print_timeline(*timeline_kind(path));
 #endif
   std::sort(t.seconds.begin(), t.seconds.end());
   t.out.resize(out_elems);

@@ -412,6 +412,16 @@ void inverse_rope_inplace(bf16_bits* x, int64_t num_tokens, int32_t num_heads, i
   cuda::check_cuda(cudaGetLastError(), "inverse_rope_kernel launch");
 }
 
+#ifdef SPARSEMLA_TIMELINE
+// Debug timeline of the warp-specialised kernel (cuda/common/timeline.cuh).
+void timeline_clear(cudaStream_t stream) {
+  cuda::timeline_clear_symbol(partial_ws::g_timeline, stream);
+}
+void timeline_read(unsigned long long* out) {
+  cuda::timeline_read_symbol(partial_ws::g_timeline, out);
+}
+#endif
+
 }  // namespace sparsemla::cuda_generic
 
 // The decode kernels' shared host side (src/cuda/common/decode_params.cuh), defined here beside

@@ -31,10 +31,16 @@
 
 #include <cstdint>
 
+#include "cuda/common/timeline.cuh"
 #include "cuda/generic/decode_partial.cuh"
 #include "cuda/generic/ws_schedule.h"
 
 namespace sparsemla::cuda_generic::partial_ws {
+
+#ifdef SPARSEMLA_TIMELINE
+// Debug builds only (cuda/common/timeline.cuh): this header has one includer, decode_generic.cu.
+__device__ unsigned long long g_timeline[cuda::kTimelineWords];
+#endif
 
 using partial::Cfg;
 using partial::kKeyTile;
@@ -231,7 +237,10 @@ __device__ __forceinline__ void qk_loop(const PartialParams& p, const cuda::Spli
   const int ds = c / 32, lane = c % 32, key = c / kThreadsPerKey;
   float* dst = sm.partials() + ds * C4::kHeads * kKeyTile;
   const int32_t n = w.tiles;
+  cuda::TlLaps laps;
+  laps.start();
   partial::qk_block<4, 2>(sm.q(), sm.k_buf(0), dst, 0, 0, 128 * ds, lane);
+  laps.lap(2);
   bar_arrive(kBarScores, kThreads);
   for (int32_t i = 0; i + 1 < n; ++i) {  // produces the scores of tile i+1
     // K buffer (i+2) % 3 held tile i-1: wait for its P.V; then for the softmax to have read tile
@@ -239,7 +248,9 @@ __device__ __forceinline__ void qk_loop(const PartialParams& p, const cuda::Spli
     if (ws_schedule::qk_waits_k_free(i, n)) {
       bar_sync(kBarKFree0 + ws_schedule::k_free_parity(i - 1), kThreads);
     }
+    laps.lap(0);
     if (ws_schedule::qk_waits_part_free(i + 1)) bar_sync(kBarPartFree, kThreads);
+    laps.lap(1);
     if (ws_schedule::qk_converts(i, n)) {
       // Two 32-head halves (32 accumulators each; the same score chains): register room for the
       // conversion beside them.
@@ -252,12 +263,16 @@ __device__ __forceinline__ void qk_loop(const PartialParams& p, const cuda::Spli
     } else {
       partial::qk_block<4, 2>(sm.q(), sm.k_buf(i + 1), dst, 0, 0, 128 * ds, lane);
     }
+    laps.lap(2);
     bar_arrive(kBarScores, kThreads);
     if (i + 3 < n) {
       issue_rows9(p, w, i + 3, slot_next, sm, c, rc);
       slot_next = cuda::tile_slot(p, w, i + 4, key);
     }
+    laps.lap(3);
   }
+  SPARSEMLA_STAMP(c == 0, cuda::kGtQkLoopDone);
+  SPARSEMLA_STAMP_SUMS(c == 0, cuda::kGtWaitKFree, laps, 4);  // kGtWaitKFree .. kGtIssue
 }
 
 // PV warps: the accumulators of all 64 heads, columns [64 warp, +64).
@@ -266,21 +281,30 @@ __device__ __forceinline__ void pv_loop(const PartialParams& p, const cuda::Spli
                                         float (&acc)[4][kNTiles][4]) {
   const int warp = tid / 32, lane = tid % 32;
   const int32_t n = w.tiles;
+  cuda::TlLaps laps;
+  laps.start();
   for (int32_t i = 0; i < n; ++i) {
     bar_sync(kBarScores, kThreads);
+    SPARSEMLA_STAMP(tid == 0 && i == 0, cuda::kGtFirstScores);
+    laps.lap(0);
     const partial::TileScores<4> ts =
         partial::read_tile_scores<4>(sm.partials(), sm.tile_flags(i), tid);
     if (ws_schedule::pv_arrives_part_free(i, n)) bar_arrive(kBarPartFree, kThreads);
     const partial::Smem<4> v = sm.view(i);
     const bool moved = partial::softmax_tile<4>(v, ts, p.scale, tid, m_run, l_run);
+    laps.lap(1);
     // P and alpha of tile i complete; every PV warp is past the P.V of tile i-1, so the other
     // P / alpha buffer may be rewritten by the next softmax.
     if (bar_red_or(kBarPv, kPvThreads, moved)) partial::rescale_acc<4>(v, lane, acc);
+    laps.lap(2);
     partial::pv_tile<4>(v, sm.k_buf(i), warp, lane, acc);
     if (ws_schedule::pv_arrives_k_free(i, n)) {
       bar_arrive(kBarKFree0 + ws_schedule::k_free_parity(i), kThreads);
     }
+    laps.lap(3);
   }
+  SPARSEMLA_STAMP(tid == 0, cuda::kGtPvLoopDone);
+  SPARSEMLA_STAMP_SUMS(tid == 0, cuda::kGtWaitScores, laps, 4);  // kGtWaitScores .. kGtPv
 }
 
 // ---- the kernel body ----------------------------------------------------------------------------
@@ -291,9 +315,11 @@ __device__ __forceinline__ void partial_ws_body(const PartialParams& p, unsigned
   const int32_t s = blockIdx.y, h0 = blockIdx.z * C4::kHeads;
   const int32_t heads = min(C4::kHeads, p.num_heads - h0);
   partial::allow_dependent_launch();
+  SPARSEMLA_STAMP(tid == 0, cuda::kGtEntry);
 
   int32_t work;
   const cuda::SplitWork w = cuda::split_work(p, t, s, &work);
+  SPARSEMLA_STAMP(tid == 0, cuda::kGtSplitWork);
   if (s >= work) {  // inactive under SPEC 4.5
     cuda::mark_split_inactive(p, t, s, h0, heads, tid);
     return;
@@ -318,11 +344,14 @@ __device__ __forceinline__ void partial_ws_body(const PartialParams& p, unsigned
       if (w.tiles > 1) issue_rows9(p, w, 1, slot1, sm, c, rc1);
       if (w.tiles > 2) issue_rows9(p, w, 2, slot2, sm, c, rc);
       dequant_rows9(p, w, 0, rc0, c, sm);
+      SPARSEMLA_STAMP(c == 0, cuda::kGtConv0);
       if (w.tiles > 1) dequant_rows9(p, w, 1, rc1, c, sm);
+      SPARSEMLA_STAMP(c == 0, cuda::kGtConv1);
     }
     cuda::cp_async_wait_all();
   }
   __syncthreads();  // Q, K(0), K(1), valid bytes of tiles 0..2
+  SPARSEMLA_STAMP(tid == 0, cuda::kGtInit);
   if (!pv) {
     if (w.tiles > 0) qk_loop(p, w, sm, c, rc, slot_next);
     return;  // the PV warps' barriers below count 256 threads
@@ -345,6 +374,7 @@ __device__ __forceinline__ void partial_ws_body(const PartialParams& p, unsigned
   } else {
     partial::finish_rows<4>(p, v, t, h0, heads, tid, acc, pv_sync);
   }
+  SPARSEMLA_STAMP(tid == 0, cuda::kGtDone);
 }
 
 }  // namespace sparsemla::cuda_generic::partial_ws

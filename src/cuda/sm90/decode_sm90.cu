@@ -52,23 +52,6 @@ namespace sparsemla::cuda_sm90 {
 
 #ifdef SPARSEMLA_TIMELINE
 __device__ unsigned long long g_timeline[cuda::kTimelineWords];
-#define SPARSEMLA_STAMP(cond, event)                                         \
-  do {                                                                       \
-    if (cond) cuda::timeline_stamp(g_timeline, cuda::timeline_cta(), event); \
-  } while (0)
-#define SPARSEMLA_STAMP_VALUE(cond, event, value)                                   \
-  do {                                                                              \
-    if (cond) cuda::timeline_value(g_timeline, cuda::timeline_cta(), event, value); \
-  } while (0)
-// The n cycle sums of `laps` as the consecutive events first, first + 1, ...
-#define SPARSEMLA_STAMP_SUMS(cond, first, laps, n)                                              \
-  do {                                                                                          \
-    for (int k_ = 0; k_ < (n); ++k_) SPARSEMLA_STAMP_VALUE(cond, (first) + k_, (laps).sum[k_]); \
-  } while (0)
-#else
-#define SPARSEMLA_STAMP(cond, event) ((void)0)
-#define SPARSEMLA_STAMP_VALUE(cond, event, value) ((void)0)
-#define SPARSEMLA_STAMP_SUMS(cond, first, laps, n) ((void)0)
 #endif
 
 namespace {
@@ -1155,12 +1138,10 @@ void sparse_decode(const DecodeParams& p, int32_t num_splits, void* workspace) {
 #ifdef SPARSEMLA_TIMELINE
 // Debug timeline (cuda/common/timeline.cuh): zero it on `stream`; copy it out (synchronous).
 void timeline_clear(cudaStream_t stream) {
-  void* ptr = nullptr;
-  cuda::check_cuda(cudaGetSymbolAddress(&ptr, g_timeline), "timeline address");
-  cuda::check_cuda(cudaMemsetAsync(ptr, 0, sizeof(g_timeline), stream), "timeline clear");
+  cuda::timeline_clear_symbol(g_timeline, stream);
 }
 void timeline_read(unsigned long long* out) {
-  cuda::check_cuda(cudaMemcpyFromSymbol(out, g_timeline, sizeof(g_timeline)), "timeline read");
+  cuda::timeline_read_symbol(g_timeline, out);
 }
 #endif
 
