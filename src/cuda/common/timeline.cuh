@@ -111,12 +111,14 @@ __device__ __forceinline__ void timeline_value(unsigned long long* buf, int64_t 
 // struct unless SPARSEMLA_TIMELINE.
 struct TlLaps {
 #if defined(SPARSEMLA_TIMELINE) && defined(__CUDACC__)
-  long long last = 0, sum[6] = {0, 0, 0, 0, 0, 0};
+  // 32-bit counters (wrap-safe differences; a CTA's loop is far below 2^32 cycles): half the
+  // registers of clock64 in kernels that sit at their register cap.
+  unsigned last = 0, sum[6] = {0, 0, 0, 0, 0, 0};
   __device__ __forceinline__ void start() {
-    last = clock64();
+    last = static_cast<unsigned>(clock());
   }
   __device__ __forceinline__ void lap(int k) {
-    const long long now = clock64();
+    const unsigned now = static_cast<unsigned>(clock());
     sum[k] += now - last;
     last = now;
   }
