@@ -59,8 +59,8 @@ enum GenericTimelineEvent : int {
   kGtEntry = 0,         // kernel entry
   kGtSplitWork = 1,     // split_work (the index pointers) done
   kGtConv0 = 2,         // QK warps: tile 0's rows landed and converted
-  kGtConv1 = 3,         // QK warps: tile 1 converted (after the Q.K of tile 0)
-  kGtInit = 4,          // CTA barrier passed (Q, K(0) in shared memory)
+  kGtConv1 = 3,         // QK warps: tile 1 converted
+  kGtInit = 4,          // CTA barrier passed (Q, K(0), K(1) in shared memory)
   kGtFirstScores = 5,   // PV warps: scores of tile 0 available
   kGtPvLoopDone = 6,    // PV warps: last P.V done
   kGtDone = 7,          // PV warps: epilogue done (thread 0)

@@ -637,13 +637,11 @@ __device__ __forceinline__ void stage_rows(const Smem<HB>& sm, int32_t heads, in
 // are loaded once (a warp's columns are all NoPE or all RoPE: 448 = 7 x 64). ncu, C4-Flash
 // B = 128: with one 4-byte store per column pair and per-store address math, position loads and
 // branches, this epilogue was ~20% of the stall samples (instruction fetch, store queue).
-// `sync` is the barrier of the kThreads threads that hold the accumulators; `rope_smem`, when not
-// null, the row's cos / sin already in shared memory (else they are loaded here).
+// `sync` is the barrier of the kThreads threads that hold the accumulators.
 template <int HB, class Sync>
 __device__ __forceinline__ void finish_rows(const PartialParams& p, const Smem<HB>& sm, int64_t t,
                                             int32_t h0, int32_t heads, int tid,
-                                            const float (&acc)[HB][kNTiles][4], Sync sync,
-                                            const float* rope_smem = nullptr) {
+                                            const float (&acc)[HB][kNTiles][4], Sync sync) {
   static_assert(Fp8DsMla::kNopeDims % kColsPerWarp == 0);
   constexpr int kChunksPerRow = kDim / 8;
   const FinishParams& f = p.finish;
@@ -659,12 +657,11 @@ __device__ __forceinline__ void finish_rows(const PartialParams& p, const Smem<H
   const bool rope = f.positions != nullptr && kColsPerWarp * warp >= Fp8DsMla::kNopeDims;
   float2 cs[kNTiles] = {};
   if (rope) {
-    const float* rope_row = rope_smem != nullptr ? rope_smem : cuda::rope_row(f, t);
+    const float* rope_row = cuda::rope_row(f, t);
 #pragma unroll
     for (int j = 0; j < kNTiles; ++j) {
       const int k = (col0 + 8 * j - Fp8DsMla::kNopeDims) / 2;
-      cs[j] = rope_smem != nullptr ? make_float2(rope_row[k], rope_row[32 + k])
-                                   : make_float2(__ldg(rope_row + k), __ldg(rope_row + 32 + k));
+      cs[j] = make_float2(__ldg(rope_row + k), __ldg(rope_row + 32 + k));
     }
   }
   // RoPE is warp-uniform (one warp of eight): a branch, so the NoPE warps skip its 6 flops per

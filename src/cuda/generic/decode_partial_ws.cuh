@@ -18,9 +18,8 @@
 //                 wait for k)
 // Which tiles take part in which barrier: ws_schedule.h (host-tested for every tile count).
 //   kBarPv        PV only: P and alpha of tile i written (bar.red.or: did any head move its m?)
-//   kBarQkConv1   QK only, once: K(1) converted (it is converted after the Q.K of tile 0)
 // Three K buffers (K(i) read by P.V, K(i+1) by Q.K, K(i+2) written), two P / alpha buffers, four
-// valid-byte slots, the RoPE cos / sin of the row. 211,072 bytes of shared memory.
+// valid-byte slots. 210,816 bytes of shared memory.
 // Why: the 256-thread kernel runs every phase on all 8 warps between full-CTA barriers, at 2 warps
 // per scheduler, so the tensor work of one phase and the ALU work of another never overlap (ncu:
 // IPC 1.2, tensor pipe ~25% busy at C4-Flash B = 128); here a scheduler holds 2 PV warps and 1 QK
@@ -63,7 +62,6 @@ inline constexpr int kBarPartFree = 2;
 inline constexpr int kBarKFree0 = 3;  // and 4
 inline constexpr int kBarPv = 5;
 inline constexpr int kBarPvEpilogue = 6;
-inline constexpr int kBarQkConv1 = 7;  // QK only, once: K(1) converted before the Q.K of tile 1
 
 __device__ __forceinline__ void bar_sync(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
@@ -93,9 +91,8 @@ struct WsSmem {
   static constexpr int kFlagBytes = kFlagSlots * kKeyTile;
   static constexpr int kAlphaBytes = C4::kHeads * 4;
   static constexpr int kRowBytes = 3 * C4::kHeads * 4;  // m, l, coefficient per head
-  static constexpr int kRopeBytes = 2 * 32 * 4;          // cos, sin of the row's 32 RoPE pairs
   static constexpr int kBytes = kQBytes + kKBufs * kKBytes + kPartialBytes + kPBufs * kPBytes +
-                                kFlagBytes + kPBufs * kAlphaBytes + kRowBytes + kRopeBytes;
+                                kFlagBytes + kPBufs * kAlphaBytes + kRowBytes;
 
   unsigned char* raw;
 
@@ -128,12 +125,8 @@ struct WsSmem {
     s.row_coef = s.row_l + C4::kHeads;
     return s;
   }
-  // The query row's RoPE cos / sin (S = 1 epilogue), fetched in the prologue.
-  __device__ __forceinline__ float* rope() const {
-    return reinterpret_cast<float*>(raw + kBytes - kRopeBytes);
-  }
 };
-static_assert(WsSmem::kBytes == 211072 && WsSmem::kBytes % 16 == 0);
+static_assert(WsSmem::kBytes == 210816 && WsSmem::kBytes % 16 == 0);
 
 // ---- the QK warps: gather and dequantisation ---------------------------------------------------
 // QK thread c (key c / 4, r = c % 4) owns chunks r + 4j, j = 0..8, of its key's 36: j = 0..6 are
@@ -235,30 +228,20 @@ __device__ __forceinline__ void dequant_rows9(const PartialParams& p, const cuda
 }
 
 // ---- the two groups' loops ----------------------------------------------------------------------
-// QK warps. Entry: K(0) converted, `rc1` / `rc` hold the rows of tiles 1 / 2 (in flight),
-// `slot_next` the slot id of tile 3, and the CTA barrier passed. K(1) is converted after the Q.K
-// of tile 0, so the first scores do not wait for it (timeline, C4-Flash B = 128: ~2 us). The Q.K of tile i+1 and the conversion of
+// QK warps. Entry: K(0), K(1) converted, `rc` holds the rows of tile 2 (in flight), `slot_next`
+// the slot id of tile 3, and the CTA barrier passed. The Q.K of tile i+1 and the conversion of
 // tile i+2 share one basic block (tensor and ALU work of this one warp per scheduler interleave);
 // the fast conversion runs unconditionally and rows that need the exact path are redone after it.
 __device__ __forceinline__ void qk_loop(const PartialParams& p, const cuda::SplitWork& w,
-                                        const WsSmem& sm, int c, const Rows9& rc1, Rows9& rc,
-                                        int32_t slot_next) {
+                                        const WsSmem& sm, int c, Rows9& rc, int32_t slot_next) {
   const int ds = c / 32, lane = c % 32, key = c / kThreadsPerKey;
   float* dst = sm.partials() + ds * C4::kHeads * kKeyTile;
   const int32_t n = w.tiles;
   cuda::TlLaps laps;
   laps.start();
-  // Two 32-head halves: register room for the rows of tiles 1 and 2.
-  partial::qk_block<2, 2>(sm.q(), sm.k_buf(0), dst, 0, 0, 128 * ds, lane);
-  partial::qk_block<2, 2>(sm.q(), sm.k_buf(0), dst, 32, 0, 128 * ds, lane);
+  partial::qk_block<4, 2>(sm.q(), sm.k_buf(0), dst, 0, 0, 128 * ds, lane);
   laps.lap(2);
   bar_arrive(kBarScores, kThreads);
-  if (n > 1) {
-    dequant_rows9(p, w, 1, rc1, c, sm);
-    bar_sync(kBarQkConv1, kQkThreads);  // every QK warp's part of K(1) written
-  }
-  SPARSEMLA_STAMP(c == 0, cuda::kGtConv1);
-  laps.lap(2);
   for (int32_t i = 0; i + 1 < n; ++i) {  // produces the scores of tile i+1
     // K buffer (i+2) % 3 held tile i-1: wait for its P.V; then for the softmax to have read tile
     // i's scores.
@@ -343,7 +326,7 @@ __device__ __forceinline__ void partial_ws_body(const PartialParams& p, unsigned
   }
   const bool pv = tid < kPvThreads;
   const int c = tid - kPvThreads;  // QK thread index (QK warps only)
-  Rows9 rc{}, rc1{};
+  Rows9 rc{};
   int32_t slot_next = -1;
   if (w.tiles > 0) {
     if (pv) {
@@ -356,24 +339,21 @@ __device__ __forceinline__ void partial_ws_body(const PartialParams& p, unsigned
       const int32_t slot1 = cuda::tile_slot(p, w, 1, key);
       const int32_t slot2 = cuda::tile_slot(p, w, 2, key);
       slot_next = cuda::tile_slot(p, w, 3, key);
-      Rows9 rc0;
+      Rows9 rc0, rc1{};
       issue_rows9(p, w, 0, slot0, sm, c, rc0);
       if (w.tiles > 1) issue_rows9(p, w, 1, slot1, sm, c, rc1);
       if (w.tiles > 2) issue_rows9(p, w, 2, slot2, sm, c, rc);
       dequant_rows9(p, w, 0, rc0, c, sm);
       SPARSEMLA_STAMP(c == 0, cuda::kGtConv0);
+      if (w.tiles > 1) dequant_rows9(p, w, 1, rc1, c, sm);
+      SPARSEMLA_STAMP(c == 0, cuda::kGtConv1);
     }
+    cuda::cp_async_wait_all();
   }
-  // The S = 1 epilogue's RoPE cos / sin, off its critical path (two dependent round trips there:
-  // the position, then the table row).
-  if (pv && p.num_splits == 1 && p.finish.positions != nullptr && tid < 64) {
-    cuda::cp_async4(sm.rope() + tid, cuda::rope_row(p.finish, t) + tid);
-  }
-  cuda::cp_async_wait_all();
-  __syncthreads();  // Q, K(0), RoPE cos / sin, valid bytes of tiles 0..2
+  __syncthreads();  // Q, K(0), K(1), valid bytes of tiles 0..2
   SPARSEMLA_STAMP(tid == 0, cuda::kGtInit);
   if (!pv) {
-    if (w.tiles > 0) qk_loop(p, w, sm, c, rc1, rc, slot_next);
+    if (w.tiles > 0) qk_loop(p, w, sm, c, rc, slot_next);
     return;  // the PV warps' barriers below count 256 threads
   }
   float acc[4][kNTiles][4];
@@ -392,7 +372,7 @@ __device__ __forceinline__ void partial_ws_body(const PartialParams& p, unsigned
   if (p.num_splits > 1) {
     partial::write_partials<4>(p, v, t, s, h0, heads, tid, acc);
   } else {
-    partial::finish_rows<4>(p, v, t, h0, heads, tid, acc, pv_sync, sm.rope());
+    partial::finish_rows<4>(p, v, t, h0, heads, tid, acc, pv_sync);
   }
   SPARSEMLA_STAMP(tid == 0, cuda::kGtDone);
 }
