@@ -56,34 +56,34 @@ inline constexpr const char* kTimelineNames[kTlEventsUsed] = {
 
 // The events of the generic path's warp-specialised kernel (docs/GENERIC.md).
 enum GenericTimelineEvent : int {
-  kGtEntry = 0,         // kernel entry
-  kGtSplitWork = 1,     // split_work (the index pointers) done
-  kGtConv0 = 2,         // QK warps: tile 0's rows landed and converted
-  kGtConv1 = 3,         // QK warps: tile 1 converted
-  kGtInit = 4,          // CTA barrier passed (Q, K(0), K(1) in shared memory)
-  kGtFirstScores = 5,   // PV warps: scores of tile 0 available
-  kGtPvLoopDone = 6,    // PV warps: last P.V done
-  kGtDone = 7,          // PV warps: epilogue done (thread 0)
-  kGtQkLoopDone = 8,    // QK warps: last scores written
+  kGtEntry = 0,        // kernel entry
+  kGtSplitWork = 1,    // split_work (the index pointers) done
+  kGtConv0 = 2,        // QK warps: tile 0's rows landed and converted
+  kGtConv1 = 3,        // QK warps: tile 1 converted
+  kGtInit = 4,         // CTA barrier passed (Q, K(0), K(1) in shared memory)
+  kGtFirstScores = 5,  // PV warps: scores of tile 0 available
+  kGtPvLoopDone = 6,   // PV warps: last P.V done
+  kGtDone = 7,         // PV warps: epilogue done (thread 0)
+  kGtQkLoopDone = 8,   // QK warps: last scores written
   // Cycle sums over the tile loop (thread 0 of the group), PV warps (TlLaps index):
-  kGtWaitScores = 9,    // 0: waiting for the tile's scores (kBarScores)
-  kGtSoftmax = 10,      // 1: reading the scores, softmax, P and alpha written
-  kGtPvBarrier = 11,    // 2: the PV barrier (bar.red.or) and the rescale
-  kGtPv = 12,           // 3: P.V and the K-free arrival
+  kGtWaitScores = 9,  // 0: waiting for the tile's scores (kBarScores)
+  kGtSoftmax = 10,    // 1: reading the scores, softmax, P and alpha written
+  kGtPvBarrier = 11,  // 2: the PV barrier (bar.red.or) and the rescale
+  kGtPv = 12,         // 3: P.V and the K-free arrival
   // QK warps:
-  kGtWaitKFree = 13,    // 0: waiting for a free K buffer (kBarKFree)
-  kGtWaitPartFree = 14, // 1: waiting for the score buffer (kBarPartFree)
-  kGtQkConvert = 15,    // 2: Q.K of tile i+1 beside the conversion of tile i+2
-  kGtIssue = 16,        // 3: the scores' arrival and the loads of tile i+3
+  kGtWaitKFree = 13,     // 0: waiting for a free K buffer (kBarKFree)
+  kGtWaitPartFree = 14,  // 1: waiting for the score buffer (kBarPartFree)
+  kGtQkConvert = 15,     // 2: Q.K of tile i+1 beside the conversion of tile i+2
+  kGtIssue = 16,         // 3: the scores' arrival and the loads of tile i+3
   kGtEventsUsed = 17
 };
 static_assert(kGtEventsUsed <= kTimelineEvents);
 inline constexpr int kGtFirstSum = kGtWaitScores;
 inline constexpr const char* kGenericTimelineNames[kGtEventsUsed] = {
-    "entry",       "split_work",  "qk:conv0",   "qk:conv1",      "init",
-    "pv:scores0",  "pv:loopdone", "pv:done",    "qk:loopdone",   "pv:wait_scores",
-    "pv:softmax",  "pv:barrier",  "pv:pv",      "qk:wait_kfree", "qk:wait_partfree",
-    "qk:qk_conv",  "qk:issue"};
+    "entry",      "split_work",  "qk:conv0", "qk:conv1",      "init",
+    "pv:scores0", "pv:loopdone", "pv:done",  "qk:loopdone",   "pv:wait_scores",
+    "pv:softmax", "pv:barrier",  "pv:pv",    "qk:wait_kfree", "qk:wait_partfree",
+    "qk:qk_conv", "qk:issue"};
 
 #if defined(SPARSEMLA_TIMELINE) && defined(__CUDACC__)
 // This CTA's slot in the timeline (linear block index).
