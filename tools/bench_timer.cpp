@@ -36,6 +36,9 @@ void print_launch_floor(const TimingOptions&) {
 void print_gather_only(const std::string&, const Problem&, const TimingOptions&) {
   throw_arg_error("bench", "--gather-only", "a CUDA build", "a build without CUDA");
 }
+void print_mma_peak(const TimingOptions&) {
+  throw_arg_error("bench", "--mma-peak", "a CUDA build", "a build without CUDA");
+}
 #endif
 
 }  // namespace sparsemla::tools

@@ -33,5 +33,8 @@ void print_launch_floor(const TimingOptions& o);
 // CUDA builds only: prints how fast the rows of the problem's decode come back from memory alone
 // (by index and in order; tools/gather_only.cu), timed like a cell.
 void print_gather_only(const std::string& shape, const Problem& pb, const TimingOptions& o);
+// CUDA builds only: prints the mma.sync ceiling of the generic path's tensor work
+// (tools/mma_peak.cu).
+void print_mma_peak(const TimingOptions& o);
 
 }  // namespace sparsemla::tools

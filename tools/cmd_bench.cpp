@@ -31,6 +31,7 @@ struct BenchOptions {
   uint64_t seed = 7;
   bool launch_floor = false;
   bool gather_only = false;
+  bool mma_peak = false;
 };
 
 std::vector<Path> bench_paths(const BenchOptions& o) {
@@ -109,12 +110,15 @@ bool bench_cell(const BenchShape& shape, int64_t batch, const Problem& pb, Path 
 }
 
 int bench_main(const BenchOptions& o) {
-  // Both time GPU kernels: a clear error before any work when there is no device to run them on.
+  // These time GPU kernels: a clear error before any work when there is no device to run them on.
   if (o.launch_floor && !cuda_device_available())
     throw_arg_error("bench", "--launch-floor", "a CUDA device", "none available");
   if (o.gather_only && !cuda_device_available())
     throw_arg_error("bench", "--gather-only", "a CUDA device", "none available");
+  if (o.mma_peak && !cuda_device_available())
+    throw_arg_error("bench", "--mma-peak", "a CUDA device", "none available");
   if (o.launch_floor) print_launch_floor(o.timing);
+  if (o.mma_peak) print_mma_peak(o.timing);
   std::vector<BenchShape> shapes;
   if (o.shapes.empty()) shapes = standard_bench_shapes();
   for (const auto& n : o.shapes) shapes.push_back(bench_shape(n));
@@ -165,6 +169,9 @@ void register_bench(CLI::App& app) {
   cmd->add_flag("--gather-only", o.gather_only,
                 "before each shape and batch, print how fast its rows come back from memory alone "
                 "(by index and in order), timed like a cell");
+  cmd->add_flag("--mma-peak", o.mma_peak,
+                "first print the mma.sync ceiling of the generic path's tensor work (registers "
+                "only, and its Q.K block's ldmatrix pattern)");
   cmd->add_option("--json", o.json, "write all results as JSON to this file");
   cmd->add_option("--seed", o.seed, "random seed");
   cmd->callback([] {

@@ -1,0 +1,160 @@
+// tools/mma_peak.cu: `sparsemla bench --mma-peak`: the ceiling of the portable decode path's
+// tensor work on this GPU. The generic partial kernel (src/cuda/generic/) runs every Q.K and P.V
+// as mma.sync m16n8k16 (bf16 in, fp32 accumulate); on Hopper that instruction does not reach the
+// wgmma peak, so the roofline floor of SPEC 10 (wgmma peak, HBM bandwidth) is not what bounds it.
+// Two kernels, one CTA per SM, W warps per CTA, each warp `iters` rounds:
+//   regs:     8 independent m16n8k16 chains on operands already in registers (the pipe alone);
+//   ldmatrix: the Q.K block of the generic kernel: per 16-wide k-step 4 ldmatrix.x4 of A (64
+//             heads) and 2 of B (32 keys) from padded shared rows, then 16 mma (128 mma per
+//             128-dim block: one QK warp's work per tile).
+// Printed: TFLOP/s, and the time one C4-Flash B = 128 call's mma work (10.7 GFLOP) would take at
+// that rate on 128 of the SMs (the generic kernel's grid there).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+#include "bench_timer.h"
+#include "device_mirror.h"
+
+namespace sparsemla::tools {
+
+namespace {
+
+constexpr int kPitch = 520;  // bf16 per shared row, as the generic kernel (512 + 8)
+constexpr int kQRows = 64, kKRows = 32;
+constexpr int kLdsmSmemBytes = (kQRows + kKRows) * kPitch * 2;
+
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* smem) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// Keeps the accumulators alive: the sink is written only if their sum is exactly `never`.
+__device__ __forceinline__ void keep(float sum, float never, float* sink) {
+  if (sum == never) sink[blockIdx.x] = sum;
+}
+
+__global__ void mma_regs_kernel(int iters, float never, float* sink) {
+  uint32_t a[4], b0 = threadIdx.x * 0x00010001u, b1 = b0 ^ 0x3f803f80u;
+  for (int i = 0; i < 4; ++i) a[i] = (threadIdx.x + i) * 0x00030003u;
+  float acc[8][4] = {};
+  for (int it = 0; it < iters; ++it) {
+#pragma unroll
+    for (int c = 0; c < 8; ++c) mma16816(acc[c], a, b0, b1);
+  }
+  float sum = 0.f;
+#pragma unroll
+  for (int c = 0; c < 8; ++c) sum += acc[c][0] + acc[c][1] + acc[c][2] + acc[c][3];
+  keep(sum, never, sink);
+}
+
+__global__ void mma_ldsm_kernel(int iters, float never, float* sink) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  uint16_t* rows = reinterpret_cast<uint16_t*>(smem);
+  for (int i = threadIdx.x; i < (kQRows + kKRows) * kPitch; i += blockDim.x) {
+    rows[i] = static_cast<uint16_t>(0x3c00u + (i & 0xff));
+  }
+  __syncthreads();
+  const int lane = threadIdx.x % 32, d0 = 128 * ((threadIdx.x / 32) % 4);
+  const uint16_t* a_base = rows + (lane % 16) * kPitch + d0 + (lane / 16) * 8;
+  const uint16_t* b_base =
+      rows + (kQRows + lane % 8 + (lane / 16) * 8) * kPitch + d0 + ((lane / 8) % 2) * 8;
+  float acc[4][4][4] = {};
+  for (int it = 0; it < iters; ++it) {
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      uint32_t a[4][4], b[2][4];
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt) ldsm_x4(a[mt], a_base + mt * 16 * kPitch + 16 * kk);
+#pragma unroll
+      for (int kh = 0; kh < 2; ++kh) ldsm_x4(b[kh], b_base + kh * 16 * kPitch + 16 * kk);
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt) {
+#pragma unroll
+        for (int kh = 0; kh < 2; ++kh) {
+          mma16816(acc[mt][2 * kh], a[mt], b[kh][0], b[kh][1]);
+          mma16816(acc[mt][2 * kh + 1], a[mt], b[kh][2], b[kh][3]);
+        }
+      }
+    }
+  }
+  float sum = 0.f;
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt) {
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) sum += acc[mt][nt][0] + acc[mt][nt][3];
+  }
+  keep(sum, never, sink);
+}
+
+// Median seconds of `reps` event-timed launches after 2 warm-ups.
+template <class Launch>
+double median_seconds(cudaStream_t s, int reps, Launch launch) {
+  CudaEvents ev;
+  std::vector<double> t;
+  for (int r = 0; r < reps + 2; ++r) {
+    cuda_check(cudaEventRecord(ev.start, s), "record");
+    launch();
+    cuda_check(cudaGetLastError(), "mma peak launch");
+    cuda_check(cudaEventRecord(ev.stop, s), "record");
+    const double sec = ev.seconds();
+    if (r >= 2) t.push_back(sec);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+void print_row(const char* kind, int warps, double flops, double seconds, int sms) {
+  constexpr double kC4FlashB128Flops = 2.0 * 128 * 64 * 640 * 1024;  // Q.K + P.V, D = 512
+  const double tflops = flops / seconds * 1e-12;
+  const double c4_us = kC4FlashB128Flops / (flops / seconds * 128.0 / sms) * 1e6;
+  std::printf("  %-9s %2d warps/SM  %8.1f TFLOP/s   C4-Flash B=128 mma work alone %6.2f us\n",
+              kind, warps, tflops, c4_us);
+}
+
+}  // namespace
+
+void print_mma_peak(const TimingOptions& o) {
+  DeviceArena arena;
+  CudaStream stream;
+  int dev = 0, sms = 0;
+  cuda_check(cudaGetDevice(&dev), "device");
+  cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "SM count");
+  float* sink = arena.alloc<float>(static_cast<size_t>(sms));
+  cuda_check(cudaFuncSetAttribute(mma_ldsm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  kLdsmSmemBytes),
+             "smem attribute");
+  const cudaStream_t s = stream.s;
+  const int reps = std::max(3, std::min(o.reps, 20));
+  constexpr int kRegIters = 1 << 14, kLdsmIters = 1 << 10;
+  std::printf("mma.sync m16n8k16 bf16 -> fp32 ceiling (%d SMs, 1 CTA each, median of %d):\n", sms,
+              reps);
+  for (int warps : {4, 8, 12, 16}) {
+    const double t = median_seconds(
+        s, reps, [&] { mma_regs_kernel<<<sms, 32 * warps, 0, s>>>(kRegIters, -1.f, sink); });
+    print_row("regs", warps, 4096.0 * 8 * kRegIters * warps * sms, t, sms);
+  }
+  for (int warps : {4, 8, 12}) {
+    const double t = median_seconds(s, reps, [&] {
+      mma_ldsm_kernel<<<sms, 32 * warps, kLdsmSmemBytes, s>>>(kLdsmIters, -1.f, sink);
+    });
+    print_row("ldmatrix", warps, 4096.0 * 128 * kLdsmIters * warps * sms, t, sms);
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace sparsemla::tools
