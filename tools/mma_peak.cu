@@ -122,8 +122,8 @@ void print_row(const char* kind, int warps, double flops, double seconds, int sm
   constexpr double kC4FlashB128Flops = 2.0 * 128 * 64 * 640 * 1024;  // Q.K + P.V, D = 512
   const double tflops = flops / seconds * 1e-12;
   const double c4_us = kC4FlashB128Flops / (flops / seconds * 128.0 / sms) * 1e6;
-  std::printf("  %-9s %2d warps/SM  %8.1f TFLOP/s   C4-Flash B=128 mma work alone %6.2f us\n",
-              kind, warps, tflops, c4_us);
+  std::printf("  %-9s %2d warps/SM  %8.1f TFLOP/s   C4-Flash B=128 mma work alone %6.2f us\n", kind,
+              warps, tflops, c4_us);
 }
 
 }  // namespace
