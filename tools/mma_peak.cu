@@ -2,7 +2,8 @@
 // tensor work on this GPU. The generic partial kernel (src/cuda/generic/) runs every Q.K and P.V
 // as mma.sync m16n8k16 (bf16 in, fp32 accumulate); on Hopper that instruction does not reach the
 // wgmma peak, so the roofline floor of SPEC 10 (wgmma peak, HBM bandwidth) is not what bounds it.
-// Two kernels, one CTA per SM, W warps per CTA, each warp `iters` rounds:
+// Both kernels use the decode's own wrappers (src/cuda/common/warp_mma.cuh); one CTA per SM, W
+// warps per CTA, each warp `iters` rounds:
 //   regs:     8 independent m16n8k16 chains on operands already in registers (the pipe alone);
 //   ldmatrix: the Q.K block of the generic kernel: per 16-wide k-step 4 ldmatrix.x4 of A (64
 //             heads) and 2 of B (32 keys) from padded shared rows, then 16 mma (128 mma per
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "bench_timer.h"
+#include "cuda/common/warp_mma.cuh"
 #include "device_mirror.h"
 
 namespace sparsemla::tools {
@@ -26,22 +28,6 @@ namespace {
 constexpr int kPitch = 520;  // bf16 per shared row, as the generic kernel (512 + 8)
 constexpr int kQRows = 64, kKRows = 32;
 constexpr int kLdsmSmemBytes = (kQRows + kKRows) * kPitch * 2;
-
-__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* smem) {
-  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
 
 // Keeps the accumulators alive: the sink is written only if their sum is exactly `never`.
 __device__ __forceinline__ void keep(float sum, float never, float* sink) {
@@ -54,7 +40,7 @@ __global__ void mma_regs_kernel(int iters, float never, float* sink) {
   float acc[8][4] = {};
   for (int it = 0; it < iters; ++it) {
 #pragma unroll
-    for (int c = 0; c < 8; ++c) mma16816(acc[c], a, b0, b1);
+    for (int c = 0; c < 8; ++c) cuda::mma_bf16(acc[c], a, b0, b1);
   }
   float sum = 0.f;
 #pragma unroll
@@ -79,15 +65,15 @@ __global__ void mma_ldsm_kernel(int iters, float never, float* sink) {
     for (int kk = 0; kk < 8; ++kk) {
       uint32_t a[4][4], b[2][4];
 #pragma unroll
-      for (int mt = 0; mt < 4; ++mt) ldsm_x4(a[mt], a_base + mt * 16 * kPitch + 16 * kk);
+      for (int mt = 0; mt < 4; ++mt) cuda::ldmatrix_x4(a[mt], a_base + mt * 16 * kPitch + 16 * kk);
 #pragma unroll
-      for (int kh = 0; kh < 2; ++kh) ldsm_x4(b[kh], b_base + kh * 16 * kPitch + 16 * kk);
+      for (int kh = 0; kh < 2; ++kh) cuda::ldmatrix_x4(b[kh], b_base + kh * 16 * kPitch + 16 * kk);
 #pragma unroll
       for (int mt = 0; mt < 4; ++mt) {
 #pragma unroll
         for (int kh = 0; kh < 2; ++kh) {
-          mma16816(acc[mt][2 * kh], a[mt], b[kh][0], b[kh][1]);
-          mma16816(acc[mt][2 * kh + 1], a[mt], b[kh][2], b[kh][3]);
+          cuda::mma_bf16(acc[mt][2 * kh], a[mt], b[kh][0], b[kh][1]);
+          cuda::mma_bf16(acc[mt][2 * kh + 1], a[mt], b[kh][2], b[kh][3]);
         }
       }
     }

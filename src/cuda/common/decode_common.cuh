@@ -13,6 +13,7 @@
 #include <cfloat>
 #include <cstdint>
 
+#include "cuda/common/warp_mma.cuh"  // smem_u32
 #include "sparsemla/format.h"
 #include "sparsemla/numerics.h"
 
@@ -112,9 +113,6 @@ __device__ __forceinline__ int32_t adaptive_work(int32_t len_main, int32_t len_e
 
 // ---- shared memory, async copies, online-softmax constants (both decode kernels)
 // -----------------
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(smem)), "l"(gmem));
 }
