@@ -91,7 +91,7 @@ struct WsSmem {
   static constexpr int kFlagBytes = kFlagSlots * kKeyTile;
   static constexpr int kAlphaBytes = C4::kHeads * 4;
   static constexpr int kRowBytes = 3 * C4::kHeads * 4;  // m, l, coefficient per head
-  static constexpr int kRopeBytes = 2 * 32 * 4;          // cos, sin of the row's 32 RoPE pairs
+  static constexpr int kRopeBytes = 2 * 32 * 4;         // cos, sin of the row's 32 RoPE pairs
   static constexpr int kBytes = kQBytes + kKBufs * kKBytes + kPartialBytes + kPBufs * kPBytes +
                                 kFlagBytes + kPBufs * kAlphaBytes + kRowBytes + kRopeBytes;
 
