@@ -623,7 +623,8 @@ __device__ __forceinline__ void stage_rows(const Smem<HB>& sm, int32_t heads, in
 template <int HB, class Sync>
 __device__ __forceinline__ void finish_rows(const PartialParams& p, const Smem<HB>& sm, int64_t t,
                                             int32_t h0, int32_t heads, int tid,
-                                            const float (&acc)[HB][kNTiles][4], Sync sync) {
+                                            const float (&acc)[HB][kNTiles][4], Sync sync,
+                                            const float* rope_smem = nullptr) {
   static_assert(Fp8DsMla::kNopeDims % kColsPerWarp == 0);
   constexpr int kChunksPerRow = kDim / 8;
   const FinishParams& f = p.finish;
@@ -639,11 +640,12 @@ __device__ __forceinline__ void finish_rows(const PartialParams& p, const Smem<H
   const bool rope = f.positions != nullptr && kColsPerWarp * warp >= Fp8DsMla::kNopeDims;
   float2 cs[kNTiles] = {};
   if (rope) {
-    const float* rope_row = cuda::rope_row(f, t);
+    const float* rope_row = rope_smem != nullptr ? rope_smem : cuda::rope_row(f, t);
 #pragma unroll
     for (int j = 0; j < kNTiles; ++j) {
       const int k = (col0 + 8 * j - Fp8DsMla::kNopeDims) / 2;
-      cs[j] = make_float2(__ldg(rope_row + k), __ldg(rope_row + 32 + k));
+      cs[j] = rope_smem != nullptr ? make_float2(rope_row[k], rope_row[32 + k])
+                                   : make_float2(__ldg(rope_row + k), __ldg(rope_row + 32 + k));
     }
   }
   // RoPE is warp-uniform (one warp of eight): a branch, so the NoPE warps skip its 6 flops per

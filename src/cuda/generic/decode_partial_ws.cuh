@@ -19,7 +19,7 @@
 // Which tiles take part in which barrier: ws_schedule.h (host-tested for every tile count).
 //   kBarPv        PV only: P and alpha of tile i written (bar.red.or: did any head move its m?)
 // Three K buffers (K(i) read by P.V, K(i+1) by Q.K, K(i+2) written), two P / alpha buffers, four
-// valid-byte slots. 210,816 bytes of shared memory.
+// valid-byte slots, the RoPE cos / sin of the row. 211,072 bytes of shared memory.
 // Why: the 256-thread kernel runs every phase on all 8 warps between full-CTA barriers, at 2 warps
 // per scheduler, so the tensor work of one phase and the ALU work of another never overlap (ncu:
 // IPC 1.2, tensor pipe ~25% busy at C4-Flash B = 128); here a scheduler holds 2 PV warps and 1 QK
@@ -91,8 +91,9 @@ struct WsSmem {
   static constexpr int kFlagBytes = kFlagSlots * kKeyTile;
   static constexpr int kAlphaBytes = C4::kHeads * 4;
   static constexpr int kRowBytes = 3 * C4::kHeads * 4;  // m, l, coefficient per head
+  static constexpr int kRopeBytes = 2 * 32 * 4;         // cos, sin of the row's 32 RoPE pairs
   static constexpr int kBytes = kQBytes + kKBufs * kKBytes + kPartialBytes + kPBufs * kPBytes +
-                                kFlagBytes + kPBufs * kAlphaBytes + kRowBytes;
+                                kFlagBytes + kPBufs * kAlphaBytes + kRowBytes + kRopeBytes;
 
   unsigned char* raw;
 
@@ -125,8 +126,12 @@ struct WsSmem {
     s.row_coef = s.row_l + C4::kHeads;
     return s;
   }
+  // The query row's RoPE cos / sin (S = 1 epilogue), fetched in the prologue.
+  __device__ __forceinline__ float* rope() const {
+    return reinterpret_cast<float*>(raw + kBytes - kRopeBytes);
+  }
 };
-static_assert(WsSmem::kBytes == 210816 && WsSmem::kBytes % 16 == 0);
+static_assert(WsSmem::kBytes == 211072 && WsSmem::kBytes % 16 == 0);
 
 // ---- the QK warps: gather and dequantisation ---------------------------------------------------
 // QK thread c (key c / 4, r = c % 4) owns chunks r + 4j, j = 0..8, of its key's 36: j = 0..6 are
@@ -348,9 +353,14 @@ __device__ __forceinline__ void partial_ws_body(const PartialParams& p, unsigned
       if (w.tiles > 1) dequant_rows9(p, w, 1, rc1, c, sm);
       SPARSEMLA_STAMP(c == 0, cuda::kGtConv1);
     }
-    cuda::cp_async_wait_all();
   }
-  __syncthreads();  // Q, K(0), K(1), valid bytes of tiles 0..2
+  // The S = 1 epilogue's RoPE cos / sin, off its critical path (two dependent round trips there:
+  // the position, then the table row).
+  if (pv && p.num_splits == 1 && p.finish.positions != nullptr && tid < 64) {
+    cuda::cp_async4(sm.rope() + tid, cuda::rope_row(p.finish, t) + tid);
+  }
+  cuda::cp_async_wait_all();
+  __syncthreads();  // Q, K(0), K(1), RoPE cos / sin, valid bytes of tiles 0..2
   SPARSEMLA_STAMP(tid == 0, cuda::kGtInit);
   if (!pv) {
     if (w.tiles > 0) qk_loop(p, w, sm, c, rc, slot_next);
@@ -372,7 +382,7 @@ __device__ __forceinline__ void partial_ws_body(const PartialParams& p, unsigned
   if (p.num_splits > 1) {
     partial::write_partials<4>(p, v, t, s, h0, heads, tid, acc);
   } else {
-    partial::finish_rows<4>(p, v, t, h0, heads, tid, acc, pv_sync);
+    partial::finish_rows<4>(p, v, t, h0, heads, tid, acc, pv_sync, sm.rope());
   }
   SPARSEMLA_STAMP(tid == 0, cuda::kGtDone);
 }
