@@ -48,12 +48,13 @@ std::vector<Path> bench_paths(const BenchOptions& o) {
 
 std::string verify_cell(const Problem& pb, const Timing& t, int64_t max_batch) {
   if (pb.config.batch > max_batch) return "-";
-  std::vector<double> ref(t.out.size());
+  std::vector<double> ref(t.out.size()), abs_mean(t.out.size());
   DecodeParams rp = pb.params();
   rp.path = t.path;
-  sparse_decode_reference(rp, ref.data(), nullptr);
+  sparse_decode_reference(rp, ref.data(), nullptr, abs_mean.data());
   const VerifyResult v = verify_decode_output(t.out.data(), pb.tokens, pb.heads,
-                                              int64_t{pb.heads} * 512, 512, ref.data());
+                                              int64_t{pb.heads} * 512, 512, ref.data(),
+                                              abs_mean.data());
   if (!v.passed) {  // the table says FAIL; stderr says where
     std::fprintf(stderr, "verify %s B=%lld %s S=%d: %s\n", pb.config.layer.c_str(),
                  static_cast<long long>(pb.config.batch), path_name(t.path), t.splits,

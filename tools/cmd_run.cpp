@@ -78,12 +78,13 @@ int run_main(const RunOptions& o) {
   const Problem pb = build_problem(cfg);
   const DecodeRun r = run_decode(pb, parse_path(o.path), o.splits, o.repeat, progress);
   progress("reference (float64) ...");
-  std::vector<double> ref(static_cast<size_t>(pb.tokens) * pb.heads * 512);
+  std::vector<double> ref(static_cast<size_t>(pb.tokens) * pb.heads * 512), abs_mean(ref.size());
   DecodeParams rp = pb.params();
   rp.path = r.path;  // the reference follows the kernel's scrub decisions
-  sparse_decode_reference(rp, ref.data(), nullptr);
+  sparse_decode_reference(rp, ref.data(), nullptr, abs_mean.data());
   const VerifyResult v = verify_decode_output(r.out.data(), pb.tokens, pb.heads,
-                                              int64_t{pb.heads} * 512, 512, ref.data());
+                                              int64_t{pb.heads} * 512, 512, ref.data(),
+                                              abs_mean.data());
   progress("verify: " + v.summary());
   print_header();
   print_row(pb, r, v);

@@ -887,15 +887,16 @@ SimCheck Simulation::verify(const Layer& l, const PathPlan& plan, int64_t step) 
   const std::vector<float>& rope = l.ratio == 0 ? rope_window_host_ : rope_compressed_host_;
   p.rope = {rope.data(), g_.max_len, 64};
   p.path = plan.path.path;  // the reference follows the kernel's scrub decisions
-  std::vector<double> ref(elems);
-  sparse_decode_reference(p, ref.data(), nullptr);
+  std::vector<double> ref(elems), abs_mean(elems);
+  sparse_decode_reference(p, ref.data(), nullptr, abs_mean.data());
   SimCheck c;
   c.path = plan.path.name;
   c.layer = l.id;
   c.ratio = l.ratio;
   c.step = step;
   c.rows = T;
-  c.result = verify_decode_output(out.data(), T, H, int64_t{H} * 512, 512, ref.data());
+  c.result =
+      verify_decode_output(out.data(), T, H, int64_t{H} * 512, 512, ref.data(), abs_mean.data());
   return c;
 }
 

@@ -79,8 +79,12 @@ void sparse_decode(const DecodeParams& p, void* workspace, size_t workspace_byte
 
 // Reference: float64 on the dequantised cache (scrub decisions as the kernels), no bf16 rounding of
 // probabilities; writes fp64 out [T, H, 512] (contiguous) and lse [T, H] (or null) instead of
-// p.out / p.lse (ignored). CPU pointers.
-void sparse_decode_reference(const DecodeParams& p, double* out, double* lse);
+// p.out / p.lse (ignored). abs_mean (or null), fp64 [T, H, 512] contiguous: the accuracy scale A of
+// verify.h, A[t,h,j] = sum_i p_i |v_ij| / sum_i p_i over the row's valid keys (probabilities
+// without the sink; on dims rotated by the fused inverse RoPE, |c| A_a + |s| A_b of the pair), 0
+// for a row without keys. CPU pointers.
+void sparse_decode_reference(const DecodeParams& p, double* out, double* lse,
+                             double* abs_mean = nullptr);
 
 // Standalone inverse RoPE on a bf16 [T, H, 512] tensor in place (dims 448..511, from bf16 values,
 // fp32 rotation, one bf16 rounding). Strides in elements; stride_token 0: H*512.

@@ -774,24 +774,31 @@ def workspace_size(num_tokens, num_heads, num_splits):
     return _C.decode_workspace_size(int(num_tokens), int(num_heads), int(num_splits))
 
 
-def sparse_decode_reference(q, main_cache, main_indices, main_indptr, **kwargs):
+def sparse_decode_reference(q, main_cache, main_indices, main_indptr, return_abs_mean=False,
+                            **kwargs):
     """float64 reference of :func:`sparse_decode` on the dequantised cache (CPU arrays), with the
     kernels' scrub decisions and no bf16 rounding of probabilities. Same arguments (out, lse,
-    workspace ignored). Returns ``(out float64 [T, H, 512], lse float64 [T, H])``."""
+    workspace ignored). Returns ``(out float64 [T, H, 512], lse float64 [T, H])``, and with
+    ``return_abs_mean=True`` also the accuracy scale ``A`` float64 ``[T, H, 512]`` that
+    :func:`verify_decode_output` needs (``A[t,h,j] = sum_i p_i |v_ij| / sum_i p_i``)."""
     kwargs = {k: v for k, v in kwargs.items() if k not in ("out", "lse", "workspace", "return_lse")}
     a = _query(q, main_cache, main_indices, main_indptr, kwargs)
     t, h = q.shape[0], q.shape[1]
     out = np.zeros((t, h, 512), dtype=np.float64)
     lse = np.zeros((t, h), dtype=np.float64)
-    _C.sparse_decode_reference(a, out, lse)
-    return out, lse
+    abs_mean = np.zeros((t, h, 512), dtype=np.float64) if return_abs_mean else None
+    _C.sparse_decode_reference(a, out, lse, abs_mean)
+    return (out, lse, abs_mean) if return_abs_mean else (out, lse)
 
 
-def verify_decode_output(out, ref):
-    """The accuracy contract of SPEC 9 (CPU arrays): out bf16 ``[T, H, 512]`` against ref float64
-    ``[T, H, 512]``. Returns a dict: passed, elements, special_mismatches, tolerance_failures,
-    max_abs_error, cosine_diff, first_bad, summary."""
-    return _C.verify_decode_output(_dl("out", out), _dl("ref", ref))
+def verify_decode_output(out, ref, abs_mean):
+    """The accuracy contract of SPEC 9.9 (CPU arrays, ``include/sparsemla/verify.h``): out bf16
+    ``[T, H, 512]`` against ref float64 ``[T, H, 512]``, each element within
+    ``2^-7 * abs_mean + 2^-8 * |ref| + 1e-6`` (abs_mean: the reference's ``A``, from
+    ``sparse_decode_reference(..., return_abs_mean=True)``), special values in the same places, and
+    the cosine difference <= 5e-6. Returns a dict: passed, elements, special_mismatches,
+    tolerance_failures, max_abs_error, max_bound_ratio, cosine_diff, first_bad, summary."""
+    return _C.verify_decode_output(_dl("out", out), _dl("ref", ref), _dl("abs_mean", abs_mean))
 
 
 def built_with_cuda():

@@ -884,7 +884,8 @@ int32_t py_decode_num_splits(const DecodeArgs& a) {
   return decode_num_splits(decode_params(c, a, /*need_out=*/false));
 }
 
-void py_sparse_decode_reference(const DecodeArgs& a, const Out& out, const Out& lse) {
+void py_sparse_decode_reference(const DecodeArgs& a, const Out& out, const Out& lse,
+                                const Out& abs_mean) {
   Call c("sparse_decode_reference");
   DecodeParams p = decode_params(c, a, /*need_out=*/false);
   p.out = nullptr;
@@ -902,11 +903,20 @@ void py_sparse_decode_reference(const DecodeArgs& a, const Out& out, const Out& 
     c.dim("lse", lse, 1, H, "H");
     lse_ptr = ptr<double>(lse);
   }
+  double* abs_mean_ptr = nullptr;
+  if (abs_mean.is_valid()) {
+    c.check("abs_mean", abs_mean, Kind::F64, 3);
+    c.contiguous_from("abs_mean", abs_mean, 0);
+    c.dim("abs_mean", abs_mean, 0, T, "T");
+    c.dim("abs_mean", abs_mean, 1, H, "H");
+    c.dim("abs_mean", abs_mean, 2, 512, "512");
+    abs_mean_ptr = ptr<double>(abs_mean);
+  }
   if (c.on_device())
     c.fail("q", "host arrays (the float64 reference runs on the CPU)", "CUDA arrays");
   double* o = ptr<double>(out);
   nb::gil_scoped_release release;
-  sparse_decode_reference(p, o, lse_ptr);
+  sparse_decode_reference(p, o, lse_ptr, abs_mean_ptr);
 }
 
 void py_inverse_rope(const Out& x, const In& positions, const In& rope, const std::string& path,
@@ -928,7 +938,7 @@ void py_inverse_rope(const Out& x, const In& positions, const In& rope, const st
   inverse_rope_inplace(data, T, H, st, sh, pos, r, pt, stream_of(stream));
 }
 
-nb::dict py_verify(const In& out, const In& ref) {
+nb::dict py_verify(const In& out, const In& ref, const In& abs_mean) {
   Call c("verify_decode_output");
   c.check("out", out, Kind::Bf16, 3);
   c.last_contiguous("out", out);
@@ -939,18 +949,25 @@ nb::dict py_verify(const In& out, const In& ref) {
   for (int i = 0; i < 3; ++i)
     c.dim("ref", ref, i, static_cast<int64_t>(out.shape(i)),
           "out.shape[" + std::to_string(i) + "]");
+  c.check("abs_mean", abs_mean, Kind::F64, 3);
+  c.contiguous_from("abs_mean", abs_mean, 0);
+  for (int i = 0; i < 3; ++i)
+    c.dim("abs_mean", abs_mean, i, static_cast<int64_t>(out.shape(i)),
+          "out.shape[" + std::to_string(i) + "]");
   if (c.on_device()) c.fail("out", "host arrays", "CUDA arrays");
   const int64_t T = static_cast<int64_t>(out.shape(0));
   const int32_t H = static_cast<int32_t>(out.shape(1));
   const VerifyResult v =
       verify_decode_output(ptr<const bf16_bits>(out), T, H, Call::stride_or_default(out, 0),
-                           H <= 1 ? 512 : out.stride(1), ptr<const double>(ref));
+                           H <= 1 ? 512 : out.stride(1), ptr<const double>(ref),
+                           ptr<const double>(abs_mean));
   nb::dict d;
   d["passed"] = v.passed;
   d["elements"] = v.elements;
   d["special_mismatches"] = v.special_mismatches;
   d["tolerance_failures"] = v.tolerance_failures;
   d["max_abs_error"] = v.max_abs_error;
+  d["max_bound_ratio"] = v.max_bound_ratio;
   d["cosine_diff"] = v.cosine_diff;
   d["first_bad"] = v.first_bad;
   d["summary"] = v.summary();
@@ -1133,9 +1150,10 @@ NB_MODULE(_C, m) {
   m.def("decode_num_splits", &py_decode_num_splits, "args"_a);
   m.def("decode_workspace_size", &decode_workspace_size, "num_tokens"_a, "num_heads"_a,
         "num_splits"_a);
-  m.def("sparse_decode_reference", &py_sparse_decode_reference, "args"_a, "out"_a, "lse"_a.none());
+  m.def("sparse_decode_reference", &py_sparse_decode_reference, "args"_a, "out"_a, "lse"_a.none(),
+        "abs_mean"_a.none());
   m.def("inverse_rope", &py_inverse_rope, "x"_a, "positions"_a, "rope"_a, "path"_a, "stream"_a = 0);
-  m.def("verify_decode_output", &py_verify, "out"_a, "ref"_a);
+  m.def("verify_decode_output", &py_verify, "out"_a, "ref"_a, "abs_mean"_a);
   m.def("build_rope_table", &rope_table_fill, "out"_a, "layer"_a, "theta"_a, "yarn"_a, "factor"_a,
         "original_len"_a, "beta_fast"_a, "beta_slow"_a);
 }

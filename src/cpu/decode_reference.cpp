@@ -60,9 +60,35 @@ void rotate_back(double* o, const RopeTable& rope, int64_t pos) {
   }
 }
 
+// The accuracy scale of verify.h: a[d] = sum_j e^(z_j - zmax) |K_j[d]| / sum_j e^(z_j - zmax) (the
+// keys' own softmax, without the sink, so a sink that takes the mass cannot underflow it), then
+// rotated like the output: |c| a_a + |s| a_b on both dims of a RoPE pair (an error e of the
+// pair before the rotation is at most |c| e_a + |s| e_b after it).
+void reference_abs_mean(const DecodeParams& p, const RowKeys& keys, const std::vector<double>& z,
+                        double zmax, int64_t t, double* a) {
+  for (int d = 0; d < kDim; ++d) a[d] = 0.0;
+  if (keys.count == 0) return;
+  double sum = 0.0;
+  for (int64_t j = 0; j < keys.count; ++j) {
+    const double w = std::exp(z[j] - zmax);
+    sum += w;
+    const double* k = &keys.values[j * kDim];
+    for (int d = 0; d < kDim; ++d) a[d] += w * std::fabs(k[d]);
+  }
+  for (int d = 0; d < kDim; ++d) a[d] /= sum;
+  if (p.positions == nullptr) return;
+  const float* row = p.rope.data + p.positions[t] * p.rope.row_stride;
+  for (int k = 0; k < kPairs; ++k) {
+    const double c = std::fabs(row[k]), s = std::fabs(row[kPairs + k]);
+    const double x = a[kNope + 2 * k], y = a[kNope + 2 * k + 1];
+    a[kNope + 2 * k] = c * x + s * y;
+    a[kNope + 2 * k + 1] = s * x + c * y;
+  }
+}
+
 // One (t, h): o = sum_j e^(z_j - m) K_j / (sum_j e^(z_j - m) + e^(sink - m)), 0 unless den > 0.
 void reference_head(const DecodeParams& p, const RowKeys& keys, int64_t t, int32_t h, double* o,
-                    double* lse) {
+                    double* lse, double* abs_mean) {
   const bf16_bits* qh =
       p.q + t * (p.q_stride_token != 0 ? p.q_stride_token : int64_t{p.num_heads} * kDim) +
       h * p.q_stride_head;
@@ -86,6 +112,8 @@ void reference_head(const DecodeParams& p, const RowKeys& keys, int64_t t, int32
     *lse = keys.count > 0 ? zmax + std::log(sum) : kInf;
   }
 
+  if (abs_mean != nullptr) reference_abs_mean(p, keys, z, zmax, t, abs_mean);
+
   for (int d = 0; d < kDim; ++d) o[d] = 0.0;
   if (keys.count == 0) return;  // exact 0, with or without sink
   const bool has_sink = p.sink != nullptr;
@@ -108,7 +136,7 @@ void reference_head(const DecodeParams& p, const RowKeys& keys, int64_t t, int32
 
 }  // namespace
 
-void sparse_decode_reference(const DecodeParams& p, double* out, double* lse) {
+void sparse_decode_reference(const DecodeParams& p, double* out, double* lse, double* abs_mean) {
   const char* op = "sparse_decode_reference";
   core::validate_decode(op, p, /*check_outputs=*/false);  // writes `out` and `lse` below instead
   core::validate_decode_host_data(op, p);
@@ -122,7 +150,8 @@ void sparse_decode_reference(const DecodeParams& p, double* out, double* lse) {
 #endif
     for (int32_t h = 0; h < H; ++h) {
       const int64_t row = t * H + h;
-      reference_head(p, keys, t, h, out + row * kDim, lse != nullptr ? lse + row : nullptr);
+      reference_head(p, keys, t, h, out + row * kDim, lse != nullptr ? lse + row : nullptr,
+                     abs_mean != nullptr ? abs_mean + row * kDim : nullptr);
     }
   }
 }

@@ -1148,11 +1148,13 @@ struct VerifyFixture {
   Rng rng{fresh_seed()};
   std::vector<bf16_bits> out = test::random_bf16(rng, 2 * 2 * 512);
   std::vector<double> ref = std::vector<double>(2 * 2 * 512, 0.25);
+  std::vector<double> abs_mean = std::vector<double>(2 * 2 * 512, 0.5);
   const bf16_bits* o = out.data();
   const double* r = ref.data();
+  const double* a = abs_mean.data();
   int64_t T = 2, stride_token = 1024, stride_head = 512;
   int32_t H = 2;
-  void call() { (void)verify_decode_output(o, T, H, stride_token, stride_head, r); }
+  void call() { (void)verify_decode_output(o, T, H, stride_token, stride_head, r, a); }
   std::vector<uint8_t> outputs() const { return {}; }
 };
 
@@ -1165,6 +1167,7 @@ TEST(BadInputs, VerifyDecodeOutput) {
           {"H zero", [](F& f) { f.H = 0; }, {"num_heads"}},
           {"out null", [](F& f) { f.o = nullptr; }, {"'out'"}},
           {"ref null", [](F& f) { f.r = nullptr; }, {"'ref'"}},
+          {"abs_mean null", [](F& f) { f.a = nullptr; }, {"'abs_mean'"}},
           {"head stride below a row", [](F& f) { f.stride_head = 0; }, {"out_stride_head"}},
           {"token stride below a row", [](F& f) { f.stride_token = 0; }, {"out_stride_token"}},
       });
