@@ -293,6 +293,16 @@ inline constexpr uint32_t kNanBf16Mask = 0x80008000u;
 __device__ __forceinline__ bool any_code_above_fast(uint32_t w) {
   return ((((w & 0x7F7F7F7Fu) + 0x79797979u) & w) & 0x80808080u) != 0;
 }
+// true iff all 7 UE8M0 codes of a row's scale word are <= kFastMaxCode: the fast-path code test of
+// every decode kernel. Byte 7 is the pad byte (SPEC 2.1): real caches hold anything there
+// (FlashMLA's quantiser leaves it uninitialised), and tested with the codes it sent about half the
+// rows of such caches down the exact path (whole decodes 1.6-1.75x slower, issue 22). The mask
+// folds into the test's constants (0x007F7F7F, 0x00808080); SASS against the unmasked test: +1
+// instruction in the sm90 kernel, +-0 in the ws kernel (sm_90a), -6 in the 256-thread kernel
+// (sm_80, sm_90a; rows_fast says why).
+__device__ __forceinline__ bool scale_codes_fast(uint2 scale) {
+  return !any_code_above_fast(scale.x) && !any_code_above_fast(scale.y & 0x00FFFFFFu);
+}
 
 __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
   const __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&a),

@@ -23,6 +23,7 @@
 #include "cuda/common/decode_common.cuh"
 #include "cuda/common/decode_params.cuh"
 #include "cuda/common/device_info.h"
+#include "cuda/common/numerics_selfcheck.h"
 #include "cuda/generic/decode_partial.cuh"
 #include "cuda/generic/decode_partial_ws.cuh"
 #include "cuda/generic/generic_backend.h"
@@ -79,6 +80,25 @@ __global__ void __launch_bounds__(partial_ws::kThreads, 1)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   partial_ws::partial_ws_body(p, smem_raw);
 #endif
+}
+
+// ---- fast-path selfcheck (numerics_selfcheck.h) ------------------------------------------------
+// The kernels' own predicates on rows of zero data bytes with the given scale words: one word per
+// thread, counted when every thread of the key would take the fast conversion.
+__global__ void rows_fast_count_kernel(const uint2* words, int64_t n, bool ws, uint32_t* count) {
+  const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (i >= n) return;
+  bool fast = true;
+  if (ws) {
+    partial_ws::Rows9 rc{};
+    rc.scale = words[i];
+    fast = partial_ws::rows9_fast(rc);
+  } else {
+    partial::RowChunks rc{};
+    rc.scale = words[i];
+    for (int r = 0; r < partial::kThreadsPerKey; ++r) fast = fast && partial::rows_fast(rc, r, 0u);
+  }
+  if (fast) atomicAdd(count, 1u);
 }
 
 // ---- the combine kernel ------------------------------------------------------------------------
@@ -410,6 +430,16 @@ void inverse_rope_inplace(bf16_bits* x, int64_t num_tokens, int32_t num_heads, i
   inverse_rope_kernel<<<static_cast<unsigned>(blocks < 65535 ? blocks : 65535), 256, 0,
                         static_cast<cudaStream_t>(stream)>>>(k);
   cuda::check_cuda(cudaGetLastError(), "inverse_rope_kernel launch");
+}
+
+void device_rows_fast_count(const uint64_t* words, int64_t n, bool ws, uint32_t* count,
+                            void* stream) {
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  cuda::check_cuda(cudaMemsetAsync(count, 0, sizeof(uint32_t), s), "rows_fast_count clear");
+  if (n <= 0) return;
+  rows_fast_count_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, s>>>(
+      reinterpret_cast<const uint2*>(words), n, ws, count);
+  cuda::check_cuda(cudaGetLastError(), "rows_fast_count_kernel launch");
 }
 
 #ifdef SPARSEMLA_TIMELINE

@@ -203,7 +203,11 @@ __device__ __forceinline__ uint32_t late_zero(const uint32_t* zero) {
 // True when this thread's chunks take the fast conversion: every scale code <= kFastMaxCode, no
 // NaN byte in its NoPE chunks and no NaN in its RoPE chunk(s) (so no scrub is needed either).
 // z is 0 (late_zero): XOR-ed into the words' first operation (one LOP3 either way), it keeps
-// ptxas from scheduling the test, which waits for the rows' loads, before z's load.
+// ptxas from scheduling the test, which waits for the rows' loads, before z's load. The pad byte
+// is masked after the XOR (scale_codes_fast), so the XOR stays the words' first operation. The
+// code test joins with `&`, not `&&`: short-circuited behind the NaN tests, the masked test became
+// a branch (BSSY / BRA / BSYNC) in the tile loop; unconditional, the kernel is 6 instructions
+// shorter than with the unmasked `&&` test (SASS, sm_80 and sm_90a).
 __device__ __forceinline__ bool rows_fast(const RowChunks& rc, int r, uint32_t z) {
   uint32_t nan8 = 0, nan16 = 0;
 #pragma unroll
@@ -219,8 +223,8 @@ __device__ __forceinline__ bool rows_fast(const RowChunks& rc, int r, uint32_t z
   nan8 |= r < 4 ? n3 : 0u;
   nan16 |= (r < 4 ? 0u : b3) | cuda::nan_bf16_acc(c4.x ^ z) | cuda::nan_bf16_acc(c4.y ^ z) |
            cuda::nan_bf16_acc(c4.z ^ z) | cuda::nan_bf16_acc(c4.w ^ z);
-  return (nan8 & cuda::kNanBytesMask) == 0 && (nan16 & cuda::kNanBf16Mask) == 0 &&
-         !cuda::any_code_above_fast(rc.scale.x ^ z) && !cuda::any_code_above_fast(rc.scale.y ^ z);
+  return ((nan8 & cuda::kNanBytesMask) == 0 && (nan16 & cuda::kNanBf16Mask) == 0) &
+         cuda::scale_codes_fast(make_uint2(rc.scale.x ^ z, rc.scale.y ^ z));
 }
 
 // NoPE chunk c (16 e4m3 bytes, one scale tile) -> 16 bf16 at dims 16c..16c+15 of the key row.

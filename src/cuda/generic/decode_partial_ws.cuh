@@ -180,7 +180,7 @@ __device__ __forceinline__ bool rows9_fast(const Rows9& rc) {
              cuda::nan_bf16_acc(rc.c[j].z) | cuda::nan_bf16_acc(rc.c[j].w);
   }
   return (nan8 & cuda::kNanBytesMask) == 0 && (nan16 & cuda::kNanBf16Mask) == 0 &&
-         !cuda::any_code_above_fast(rc.scale.x) && !cuda::any_code_above_fast(rc.scale.y);
+         cuda::scale_codes_fast(rc.scale);
 }
 
 // The key row's 16-byte pieces: NoPE chunk r + 4j at bf16 16 (r + 4j) (two pieces), RoPE chunk

@@ -40,6 +40,7 @@
 #include "cuda/common/decode_common.cuh"
 #include "cuda/common/decode_params.cuh"
 #include "cuda/common/device_info.h"
+#include "cuda/common/numerics_selfcheck.h"
 #include "cuda/common/timeline.cuh"
 #include "cuda/sm90/cluster.cuh"
 #include "cuda/sm90/pipeline.cuh"
@@ -245,8 +246,7 @@ __device__ __forceinline__ bool part_fast(const uint4 (&c)[9], uint2 scale, bool
              cuda::nan_bf16_acc(c[j].w);
   }
   const bool clean = (nan8 & cuda::kNanBytesMask) == 0 && (nan16 & cuda::kNanBf16Mask) == 0;
-  return (clean || !scrub) && !cuda::any_code_above_fast(scale.x) &&
-         !cuda::any_code_above_fast(scale.y);
+  return (clean || !scrub) && cuda::scale_codes_fast(scale);
 }
 
 // Byte offsets in the K stage of NoPE raw chunk x (bf16 chunks 2x, 2x+1: dims [16x, +16)) and of
@@ -1008,6 +1008,18 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
+// Fast-path selfcheck (numerics_selfcheck.h): part_fast on rows of zero data bytes with the given
+// scale words, scrubbed; one word per thread (the 4 parts of a key test the same word).
+__global__ void part_fast_count_kernel(const uint2* words, int64_t n, uint32_t* count) {
+#ifdef SPARSEMLA_SM90A_DEVICE
+  const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (i >= n) return;
+  uint4 c[9];
+  for (int j = 0; j < 9; ++j) c[j] = make_uint4(0, 0, 0, 0);
+  if (part_fast(c, words[i], /*scrub=*/true)) atomicAdd(count, 1u);
+#endif
+}
+
 // ---- host ---------------------------------------------------------------------------------------
 constexpr int kMaxDevices = 64;
 
@@ -1133,6 +1145,17 @@ void sparse_decode(const DecodeParams& p, int32_t num_splits, void* workspace) {
   decode_sm90_kernel<<<grid, kThreads, kSmemBytes, stream>>>(k);
   cuda::check_cuda(cudaGetLastError(), "decode_sm90_kernel launch");
   if (num_splits > 1) cuda::launch_combine(k, stream);
+}
+
+bool device_part_fast_count(const uint64_t* words, int64_t n, uint32_t* count, void* stream) {
+  if (!have_sm90a_kernels()) return false;
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  cuda::check_cuda(cudaMemsetAsync(count, 0, sizeof(uint32_t), s), "part_fast_count clear");
+  if (n <= 0) return true;
+  part_fast_count_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, s>>>(
+      reinterpret_cast<const uint2*>(words), n, count);
+  cuda::check_cuda(cudaGetLastError(), "part_fast_count_kernel launch");
+  return true;
 }
 
 #ifdef SPARSEMLA_TIMELINE
