@@ -2,15 +2,19 @@
 // JSON. Numbers: median of `reps` timed calls (GPU: CUDA-graph replays with a cold L2), p10..p90
 // spread, TFLOP/s (2*H*N*1024 per query row), GB/s (584 B per attended key + indices + q/out), and
 // the fraction of the roofline floor max(bytes / 4.3 TB/s, flops / 790 TFLOP/s) measured on the
-// H200.
+// H200. Every cell is verified against the float64 reference (computed once per shape, batch and
+// scrub decision); a FAIL makes the command exit with 3.
+#include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "bench_problem.h"
 #include "bench_timer.h"
 #include "commands.h"
+#include "reference.h"
 #include "runner.h"
 
 namespace sparsemla::tools {
@@ -26,7 +30,8 @@ struct BenchOptions {
   std::vector<std::string> paths;
   std::vector<int32_t> splits{0};  // S per cell; 0: the path's planner
   TimingOptions timing;
-  int64_t verify_max_batch = 8;
+  int64_t verify_max_batch = std::numeric_limits<int64_t>::max();
+  std::string data = kBenchDataNames[0];
   std::string json;
   uint64_t seed = 7;
   bool launch_floor = false;
@@ -46,17 +51,19 @@ std::vector<Path> bench_paths(const BenchOptions& o) {
   return paths;
 }
 
-std::string verify_cell(const Problem& pb, const Timing& t, int64_t max_batch) {
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::string verify_cell(const Problem& pb, const Timing& t, int64_t max_batch,
+                        ReferenceStore& refs) {
   if (pb.config.batch > max_batch) return "-";
-  std::vector<double> ref(t.out.size()), abs_mean(t.out.size());
-  DecodeParams rp = pb.params();
-  rp.path = t.path;
-  sparse_decode_reference(rp, ref.data(), nullptr, abs_mean.data());
-  const VerifyResult v = verify_decode_output(t.out.data(), pb.tokens, pb.heads,
-                                              int64_t{pb.heads} * 512, 512, ref.data(),
-                                              abs_mean.data());
+  const Reference& ref = refs.get(t.path);
+  const VerifyResult v =
+      verify_decode_output(t.out.data(), pb.tokens, pb.heads, int64_t{pb.heads} * 512, 512,
+                           ref.out.data(), ref.abs_mean.data());
   if (!v.passed) {  // the table says FAIL; stderr says where
-    std::fprintf(stderr, "verify %s B=%lld %s S=%d: %s\n", pb.config.layer.c_str(),
+    std::fprintf(stderr, "verify %s B=%lld %s S=%d: %s\n", pb.kind.name.c_str(),
                  static_cast<long long>(pb.config.batch), path_name(t.path), t.splits,
                  v.summary().c_str());
   }
@@ -72,7 +79,8 @@ void print_header() {
 // One cell (shape, batch, path, S): times it, prints its row and appends its JSON record; false
 // when its verification failed.
 bool bench_cell(const BenchShape& shape, int64_t batch, const Problem& pb, Path path,
-                int32_t splits, const BenchOptions& o, nlohmann::json& results) {
+                int32_t splits, const BenchOptions& o, ReferenceStore& refs,
+                nlohmann::json& results) {
   const double flops = pb.flops(), bytes = pb.bytes();
   const double floor_s = std::max(bytes / kPeakBytesPerSecond, flops / kPeakFlops);
   TimingOptions timing = o.timing;
@@ -85,7 +93,7 @@ bool bench_cell(const BenchShape& shape, int64_t batch, const Problem& pb, Path 
                 static_cast<long long>(batch), "", path_name(path), e.what());
     return true;
   }
-  const std::string verdict = verify_cell(pb, t, o.verify_max_batch);
+  const std::string verdict = verify_cell(pb, t, o.verify_max_batch, refs);
   const double med = t.median();
   std::printf("%-13s %4d %5lld %8.1f %-12s %3d %10.2f %8.2f..%-8.2f %8.2f %8.1f %9.2f %5.1f%% %s\n",
               shape.name.c_str(), shape.heads, static_cast<long long>(batch),
@@ -97,6 +105,7 @@ bool bench_cell(const BenchShape& shape, int64_t batch, const Problem& pb, Path 
                      {"heads", shape.heads},
                      {"batch", batch},
                      {"mtp", shape.mtp},
+                     {"data", o.data},
                      {"path", path_name(t.path)},
                      {"splits", t.splits},
                      {"median_us", med * 1e6},
@@ -124,20 +133,35 @@ int bench_main(const BenchOptions& o) {
   if (o.shapes.empty()) shapes = standard_bench_shapes();
   for (const auto& n : o.shapes) shapes.push_back(bench_shape(n));
   const std::vector<Path> paths = bench_paths(o);
+  const BenchData data = parse_bench_data(o.data);
   nlohmann::json results = nlohmann::json::array();
   print_header();
   int failures = 0;
   for (const auto& shape : shapes) {
     for (int64_t batch : o.batches) {
-      const Problem pb = build_bench_problem(shape, batch, o.seed);
+      // stderr, so the table on stdout stays one line per cell
+      char tag[64];
+      std::snprintf(tag, sizeof tag, "%s B=%lld", shape.name.c_str(),
+                    static_cast<long long>(batch));
+      const auto t0 = std::chrono::steady_clock::now();
+      const Problem pb = build_bench_problem(shape, batch, o.seed, data);
+      std::fprintf(
+          stderr, "[bench] %s: %s data built in %.2f s (%.0f MB of caches)\n", tag, o.data.c_str(),
+          seconds_since(t0),
+          static_cast<double>(pb.window_cache.bytes.size() + pb.compressed_cache.bytes.size()) *
+              1e-6);
+      ReferenceStore refs(pb, [&](const std::string& msg) {
+        std::fprintf(stderr, "[bench] %s: %s\n", tag, msg.c_str());
+      });
       if (o.gather_only) print_gather_only(shape.name, pb, o.timing);
       for (Path path : paths) {
         for (int32_t splits : o.splits) {
-          failures += bench_cell(shape, batch, pb, path, splits, o, results) ? 0 : 1;
+          failures += bench_cell(shape, batch, pb, path, splits, o, refs, results) ? 0 : 1;
         }
       }
     }
   }
+  if (failures > 0) std::fprintf(stderr, "bench: %d cell(s) FAILED verification\n", failures);
   if (!o.json.empty()) std::ofstream(o.json) << results.dump(2) << "\n";
   return failures == 0 ? 0 : 3;
 }
@@ -163,8 +187,15 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--flush-mb", o.timing.flush_bytes, "bytes written before each GPU call (MiB)")
       ->transform([](std::string s) { return std::to_string(std::stoll(s) << 20); });
   cmd->add_flag("!--no-graph", o.timing.graph, "launch directly instead of replaying a CUDA graph");
+  cmd->add_option("--data", o.data,
+                  "cache data: real (default; as the incumbent's kit and real caches: random pad "
+                  "bytes, rows drawn from large shared caches) or writer (the previous synthetic "
+                  "data: compact caches, pad bytes 0, as this library's writers leave them)")
+      ->check(CLI::IsMember({kBenchDataNames[0], kBenchDataNames[1]}));
   cmd->add_option("--verify-max-batch", o.verify_max_batch,
-                  "verify against the float64 reference up to this batch");
+                  "verify against the float64 reference only up to this batch (default: every "
+                  "batch; 0: none)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--launch-floor", o.launch_floor,
                 "first print the launch floor: graphs of empty kernels timed like a cell");
   cmd->add_flag("--gather-only", o.gather_only,

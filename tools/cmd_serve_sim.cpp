@@ -169,6 +169,7 @@ nlohmann::json run_json(const SimConfig& cfg, const SimResult& res) {
                       {"rows", c.rows},
                       {"passed", c.result.passed},
                       {"max_abs_error", c.result.max_abs_error},
+                      {"max_bound_ratio", c.result.max_bound_ratio},
                       {"cosine_diff", c.result.cosine_diff},
                       {"summary", c.result.summary()}});
   }
@@ -248,7 +249,7 @@ std::vector<int32_t> verify_layer_ids(const std::string& spec, const SimModel& m
 
 std::string verification_line(const std::vector<SimResult>& results) {
   int64_t checks = 0, failed = 0, rows = 0;
-  double worst_abs = 0.0, worst_cos = 0.0;
+  double worst_abs = 0.0, worst_ratio = 0.0, worst_cos = 0.0;
   std::set<std::string> paths;
   std::set<int32_t> layers;
   const SimCheck* first_bad = nullptr;
@@ -259,6 +260,7 @@ std::string verification_line(const std::vector<SimResult>& results) {
       paths.insert(c.path);
       layers.insert(c.layer);
       worst_abs = std::max(worst_abs, c.result.max_abs_error);
+      worst_ratio = std::max(worst_ratio, c.result.max_bound_ratio);
       worst_cos = std::max(worst_cos, c.result.cosine_diff);
       if (!c.result.passed) {
         ++failed;
@@ -271,7 +273,8 @@ std::string verification_line(const std::vector<SimResult>& results) {
   s << "verify: " << (failed == 0 ? "PASS" : "FAIL") << " (" << checks - failed << "/" << checks
     << " checks against the float64 reference: " << layers.size() << " layers x " << paths.size()
     << " paths x " << results.size() << " batches, first and last step, first " << rows
-    << " rows; max abs err " << worst_abs << ", max cos diff " << worst_cos << ")";
+    << " rows; max abs err " << worst_abs << ", max err/bound " << worst_ratio << ", max cos diff "
+    << worst_cos << ")";
   if (first_bad != nullptr)
     s << "; first failure: path " << first_bad->path << " layer " << first_bad->layer << " step "
       << first_bad->step << ": " << first_bad->result.summary();

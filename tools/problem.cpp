@@ -12,6 +12,9 @@ namespace sparsemla::tools {
 
 namespace {
 
+constexpr int kTile = Fp8DsMla::kTileDims;  // 64: one scale per tile
+constexpr float kTileGainSigma = 0.7f;      // per-(token, tile) gain exp(0.7 N(0,1)), SPEC 9.9
+
 void report(const ProblemConfig& cfg, const std::string& msg) {
   if (cfg.progress) cfg.progress(msg);
 }
@@ -72,12 +75,8 @@ void fill_window(Problem& pb, const Requests& req, FastRng& rng) {
     for (int64_t pg = page_range[b].first; pg <= page_range[b].second; ++pg)
       table[b * table_width + pg] = phys[next++];
 
-  // Tokens through the window writer: latent ~ N(0,1) * per-channel gain (model-like tiles), RMS
-  // about 0.5. Why 0.5: the kernels round probabilities to bf16 (relative error up to 2^-9), so an
-  // output element's error is ~2^-9 * |V| * sqrt(sum p^2); with only 128 window keys and |V| ~ 1
-  // its 4-sigma tail over 10^5 elements touches the 1e-3 absolute bound of the SPEC 9 contract.
-  std::vector<float> gain(512);
-  for (auto& g : gain) g = 0.5f * std::exp(0.2f * rng.normal());
+  // Tokens through the window writer, at model magnitude (SPEC 9.9): latents N(0,1) times a gain
+  // exp(0.7 N(0,1)) per (token, 64-dim tile), the RoPE tile included.
   std::vector<bf16_bits> kv;
   std::vector<int64_t> pos, slot;
   for (size_t b = 0; b < req.length.size(); ++b) {
@@ -85,7 +84,10 @@ void fill_window(Problem& pb, const Requests& req, FastRng& rng) {
          ++p) {
       pos.push_back(p);
       slot.push_back(int64_t{table[b * table_width + p / wbs]} * wbs + p % wbs);
-      for (int d = 0; d < 512; ++d) kv.push_back(float_to_bf16(rng.normal() * gain[d]));
+      for (int tile = 0; tile < 512 / kTile; ++tile) {
+        const float gain = std::exp(kTileGainSigma * rng.normal());
+        for (int d = 0; d < kTile; ++d) kv.push_back(float_to_bf16(rng.normal() * gain));
+      }
     }
   }
   WindowWriterParams w;
@@ -178,6 +180,8 @@ void run_compressor(Problem& pb, const Requests& req, int32_t ratio, const Compr
   const int64_t W = (ratio == 4 ? 2 : 1) * 512;
   const int64_t max_len = *std::max_element(req.length.begin(), req.length.end());
   StateRing ring = make_state_ring(cfg, ratio, W, max_len);
+  // The compressor's own weights: an RMSNorm weight near 1 (its entries are RMS-normalised, O(1)
+  // like the model's) and a small positional bias.
   std::vector<float> norm_w(512), ape(ratio * W);
   for (auto& w : norm_w) w = std::exp(0.2f * rng.normal());
   for (auto& a : ape) a = 0.1f * rng.normal();
@@ -200,8 +204,13 @@ void run_compressor(Problem& pb, const Requests& req, int32_t ratio, const Compr
       }
     }
     const int64_t n = static_cast<int64_t>(pos.size());
+    // Inputs at model magnitude (SPEC 9.9): N(0,1) times a gain exp(0.7 N(0,1)) per (token,
+    // 64-dim tile), so the pooled, normalised entries keep tiles of unequal scale.
     std::vector<float> kv(n * W), score(n * W);
-    for (auto& v : kv) v = rng.normal();
+    for (int64_t i = 0; i < n * W; i += kTile) {
+      const float gain = std::exp(kTileGainSigma * rng.normal());
+      for (int64_t d = i; d < i + kTile; ++d) kv[d] = rng.normal() * gain;
+    }
     for (auto& v : score) v = 2.0f * rng.normal();
     StateWriterParams sw;
     sw.num_tokens = n;

@@ -48,13 +48,11 @@ constexpr int32_t kStateRing128 = 18;  // rows pos-127..pos: at most 17 blocks o
 constexpr int64_t kFillChunk = 65536;  // tokens per writer call while filling caches
 constexpr int64_t kMinPoolTopk = 4;    // aliased ratio-4 pools keep >= 4x top-k entries
 constexpr int64_t kMinPool128 = 2048;  // aliased ratio-128 pools keep >= 2048 entries
-// Latent magnitudes. The kernels round probabilities to bf16 before P.V, so an output element's
-// error is ~2^-9 |V| sqrt(sum p^2), linear in |V| (problem.cpp). The H200 A/B run at RMS 0.5
-// (window) / 1.0 (compressed) checked ~6M elements per table: a handful exceeded SPEC 9's 1e-3
-// absolute bound (max 0.0076 on compressed layers, 0.0011 on window layers; cosine differences
-// <= 2.7e-6). At RMS 0.125 the same tails stay below 1e-3. Magnitudes do not change any timing.
-constexpr float kWindowRms = 0.125f;
-constexpr float kCompressedRms = 0.125f;
+// Latents at model magnitude (SPEC 9.9): N(0,1) times a gain exp(0.7 N(0,1)) per (token, 64-dim
+// tile). The SPEC 9.9 rule bounds each element by the probability-weighted mean magnitude of its
+// value column, so it holds at any magnitude: no shrunk RMS (the earlier 0.125 was chosen to pass
+// the old fixed 1e-3 bound).
+constexpr float kTileGainSigma = 0.7f;
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 int64_t ceil_div(int64_t a, int64_t b) {
@@ -259,7 +257,7 @@ class Simulation {
   void fill_cache(const MutableCacheView& c, const RopeTable& rope, const bf16_bits* tmpl,
                   int64_t chunk, int64_t* pos_dev, int64_t* slot_dev);
   void fill_floats(float* dst, int64_t n, float scale);
-  std::vector<bf16_bits> random_latents(int64_t n, float rms);
+  std::vector<bf16_bits> random_latents(int64_t n);  // SPEC 9.9 magnitudes, [n, 512]
   void draw_topk(const SimRequest& r);
   void stage_step();
   DecodeParams decode_params(const Layer& l, const SimPath& path) const;
@@ -424,13 +422,13 @@ void Simulation::build_tables() {
   }
 }
 
-std::vector<bf16_bits> Simulation::random_latents(int64_t n, float rms) {
-  // Per-channel gains as a model's latents have (and `sparsemla run`'s): tiles of unequal scale.
-  std::vector<float> gain(512);
-  for (auto& x : gain) x = rms * std::exp(0.2f * rng_.normal());
+std::vector<bf16_bits> Simulation::random_latents(int64_t n) {
   std::vector<bf16_bits> v(static_cast<size_t>(n) * 512);
-  for (int64_t i = 0; i < n; ++i)
-    for (int d = 0; d < 512; ++d) v[i * 512 + d] = float_to_bf16(rng_.normal() * gain[d]);
+  for (int64_t i = 0; i < n * 512; i += Fp8DsMla::kTileDims) {
+    const float gain = std::exp(kTileGainSigma * rng_.normal());
+    for (int64_t d = i; d < i + Fp8DsMla::kTileDims; ++d)
+      v[d] = float_to_bf16(rng_.normal() * gain);
+  }
   return v;
 }
 
@@ -467,7 +465,7 @@ void Simulation::allocate() {
   }
 
   // New-token inputs (the model's projections; their values change no cost).
-  latent_ = upload_new(random_latents(B, kWindowRms));
+  latent_ = upload_new(random_latents(B));
   auto kind_inputs = [&](int32_t ratio) {
     KindInputs in;
     const int64_t W = state_width(ratio);
@@ -478,6 +476,7 @@ void Simulation::allocate() {
     fill_floats(in.kv, B * W, 1.0f);
     fill_floats(in.score, B * W, 2.0f);
     fill_floats(in.ape, ratio * W, 0.1f);
+    // The RMSNorm weight, near 1: the compressor's entries are RMS-normalised, O(1) as the model's.
     std::vector<float> w(512);
     for (auto& x : w) x = std::exp(0.2f * rng_.normal());
     be_.upload(in.norm_w, w.data(), w.size() * sizeof(float));
@@ -561,8 +560,8 @@ void Simulation::fill_cache(const MutableCacheView& c, const RopeTable& rope, co
 
 void Simulation::fill_caches() {
   const int64_t chunk = g_.fill_chunk();
-  const bf16_bits* window_tmpl = upload_new(random_latents(chunk, kWindowRms));
-  const bf16_bits* compressed_tmpl = upload_new(random_latents(chunk, kCompressedRms));
+  const bf16_bits* window_tmpl = upload_new(random_latents(chunk));
+  const bf16_bits* compressed_tmpl = upload_new(random_latents(chunk));
   int64_t* pos_dev = alloc<int64_t>(chunk);
   int64_t* slot_dev = alloc<int64_t>(chunk);
   for (const auto& l : layers_) {
