@@ -774,13 +774,15 @@ def workspace_size(num_tokens, num_heads, num_splits):
     return _C.decode_workspace_size(int(num_tokens), int(num_heads), int(num_splits))
 
 
-def sparse_decode_reference(q, main_cache, main_indices, main_indptr, return_abs_mean=False,
+def sparse_decode_reference(q, main_cache, main_indices, main_indptr, *, return_abs_mean=False,
                             **kwargs):
     """float64 reference of :func:`sparse_decode` on the dequantised cache (CPU arrays), with the
     kernels' scrub decisions and no bf16 rounding of probabilities. Same arguments (out, lse,
     workspace ignored). Returns ``(out float64 [T, H, 512], lse float64 [T, H])``, and with
-    ``return_abs_mean=True`` also the accuracy scale ``A`` float64 ``[T, H, 512]`` that
-    :func:`verify_decode_output` needs (``A[t,h,j] = sum_i p_i |v_ij| / sum_i p_i``)."""
+    ``return_abs_mean=True`` ``(out, lse, abs_mean)``: the accuracy scale ``A`` float64
+    ``[T, H, 512]`` that :func:`verify_decode_output` needs, ``A[t,h,j] = sum_i p_i |v_ij| /
+    sum_i p_i`` over the row's valid keys (the keys' softmax, without the sink; on the dims rotated
+    by a fused inverse RoPE, ``|c| A_a + |s| A_b`` of the pair), 0 for a row without keys."""
     kwargs = {k: v for k, v in kwargs.items() if k not in ("out", "lse", "workspace", "return_lse")}
     a = _query(q, main_cache, main_indices, main_indptr, kwargs)
     t, h = q.shape[0], q.shape[1]
@@ -792,12 +794,18 @@ def sparse_decode_reference(q, main_cache, main_indices, main_indptr, return_abs
 
 
 def verify_decode_output(out, ref, abs_mean):
-    """The accuracy contract of SPEC 9.9 (CPU arrays, ``include/sparsemla/verify.h``): out bf16
-    ``[T, H, 512]`` against ref float64 ``[T, H, 512]``, each element within
-    ``2^-7 * abs_mean + 2^-8 * |ref| + 1e-6`` (abs_mean: the reference's ``A``, from
-    ``sparse_decode_reference(..., return_abs_mean=True)``), special values in the same places, and
-    the cosine difference <= 5e-6. Returns a dict: passed, elements, special_mismatches,
-    tolerance_failures, max_abs_error, max_bound_ratio, cosine_diff, first_bad, summary."""
+    """The accuracy contract of SPEC 9.9 (CPU arrays; the rule and its argument are in
+    ``include/sparsemla/verify.h``): out bf16 ``[T, H, 512]`` against ref float64 ``[T, H, 512]``
+    (contiguous), NaN/+inf/-inf in the same places, each finite element within
+    ``2^-7 * abs_mean + 2^-8 * |ref| + 1e-6``, and the cosine difference over the whole output
+    <= 5e-6. abs_mean (required): the reference's ``A``, float64 ``[T, H, 512]`` contiguous, from
+    ``sparse_decode_reference(..., return_abs_mean=True)``. Returns a dict: passed, elements,
+    special_mismatches, tolerance_failures, max_abs_error, max_bound_ratio (max error / bound, <= 1
+    passes), cosine_diff, first_bad, summary."""
+    if abs_mean is None:
+        raise Error("sparsemla::verify_decode_output: argument 'abs_mean': expected the reference's "
+                    "accuracy scale, float64 [T, H, 512] (sparse_decode_reference(..., "
+                    "return_abs_mean=True)), got None")
     return _C.verify_decode_output(_dl("out", out), _dl("ref", ref), _dl("abs_mean", abs_mean))
 
 

@@ -219,11 +219,14 @@ def window_row(kv_bits, pos, table, sanitise):
 # ---- decode (SPEC 4.2) -----------------------------------------------------------------------------------------------
 def decode(q_bits, caches, lists, sink=None, scale=512 ** -0.5, scrub_extra=True):
     """float64 reference: q bf16 bits [T, H, 512]; caches = [(cache2d, bs), ...] (main, extra);
-    lists = [(indices, indptr), ...]. Returns (out [T, H, 512], lse [T, H])."""
+    lists = [(indices, indptr), ...]. Returns (out [T, H, 512], lse [T, H], abs_mean [T, H, 512]):
+    abs_mean is the accuracy scale A of SPEC 9.9, A[t, h, j] = sum_i p_i |v_ij| / sum_i p_i over
+    the row's valid keys (the keys' softmax, without the sink), 0 for a row without keys."""
     q = bf16_to_f32(q_bits).astype(np.float64)
     t_count, h_count = q.shape[0], q.shape[1]
     out = np.zeros((t_count, h_count, 512))
     lse = np.full((t_count, h_count), np.inf)
+    abs_mean = np.zeros((t_count, h_count, 512))
     for t in range(t_count):
         keys = []
         for li, ((cache, bs), (idx, ptr)) in enumerate(zip(caches, lists)):
@@ -236,7 +239,9 @@ def decode(q_bits, caches, lists, sink=None, scale=512 ** -0.5, scrub_extra=True
         k = np.stack(keys)
         z = scale * (q[t] @ k.T)  # [H, n]
         m = z.max(axis=1)
-        lse[t] = m + np.log(np.exp(z - m[:, None]).sum(axis=1))
+        w = np.exp(z - m[:, None])
+        lse[t] = m + np.log(w.sum(axis=1))
+        abs_mean[t] = (w @ np.abs(k)) / w.sum(axis=1)[:, None]
         for h in range(h_count):
             sk = None if sink is None else float(sink[h])
             if sk == math.inf:
@@ -246,24 +251,45 @@ def decode(q_bits, caches, lists, sink=None, scale=512 ** -0.5, scrub_extra=True
             den = p.sum() + (0.0 if sk is None else math.exp(sk - mm))
             if den > 0:
                 out[t, h] = p @ k / den
-    return out, lse
+    return out, lse, abs_mean
 
 
-def assert_decode_close(out_bits, ref):
-    """SPEC 9 tolerance: specials match; |d| < 1e-3 or |d|/(|ref|+1e-6) < 2.01/128; cos diff <= 5e-6.
-    Argument: bf16 probabilities before P.V and one bf16 store give <= 2 bf16 ulps per element."""
+def rope_inverse_abs_mean(a, c, s):
+    """The accuracy scale of an output whose RoPE dims were rotated back (a [..., 64] pairs, c/s
+    [..., 32]): an error (e_a, e_b) of a pair is at most (|c| e_a + |s| e_b, |s| e_a + |c| e_b) after
+    the rotation, so A becomes |c| A_a + |s| A_b and |s| A_a + |c| A_b."""
+    c, s = np.abs(np.asarray(c, np.float64)), np.abs(np.asarray(s, np.float64))
+    x, y = a[..., 0::2], a[..., 1::2]
+    out = np.empty(np.broadcast_shapes(a.shape, c.shape[:-1] + (64,)))
+    out[..., 0::2] = c * x + s * y
+    out[..., 1::2] = s * x + c * y
+    return out
+
+
+def decode_verdict(out_bits, ref, abs_mean):
+    """The SPEC 9.9 accuracy contract, written here from the spec (the library's is
+    include/sparsemla/verify.h, which also has the argument for the bound): NaN/+inf/-inf in the same
+    places; every finite element within 2^-7 A + 2^-8 |ref| + 1e-6 (a non-finite A bounds nothing);
+    the cosine difference over the whole output <= 5e-6 (0 when sum(ref^2) < 1e-12)."""
     out = bf16_to_f32(out_bits).astype(np.float64)
-    assert np.array_equal(np.isnan(out), np.isnan(ref))
-    assert np.array_equal(np.isposinf(out), np.isposinf(ref))
-    assert np.array_equal(np.isneginf(out), np.isneginf(ref))
-    fin = np.isfinite(ref)
-    d = np.abs(out[fin] - ref[fin])
-    ok = (d < 1e-3) | (d / (np.abs(ref[fin]) + 1e-6) < 2.01 / 128)
-    assert ok.all(), f"{(~ok).sum()} elements outside tolerance, max abs {d.max()}"
-    den = float((out[fin] ** 2 + ref[fin] ** 2).sum())
-    if float((ref[fin] ** 2).sum()) >= 1e-12:
-        cos = 1 - 2 * float((out[fin] * ref[fin]).sum()) / den
-        assert cos <= 5e-6, cos
+    ref = np.asarray(ref, dtype=np.float64)
+    a = np.asarray(abs_mean, dtype=np.float64)
+    assert out.shape == ref.shape == a.shape, (out.shape, ref.shape, a.shape)
+    special = ((np.isnan(out) != np.isnan(ref)) | (np.isposinf(out) != np.isposinf(ref))
+               | (np.isneginf(out) != np.isneginf(ref)))
+    fin = np.isfinite(out) & np.isfinite(ref)
+    o, r = out[fin], ref[fin]
+    d = np.abs(o - r)
+    with np.errstate(invalid="ignore"):
+        bound = np.where(np.isfinite(a[fin]), a[fin] / 128 + np.abs(r) / 256 + 1e-6, np.inf)
+    bad = ~(d <= bound)
+    norms = float((o * o + r * r).sum())
+    cos = 0.0 if float((r * r).sum()) < 1e-12 or norms == 0 else 1 - 2 * float((o * r).sum()) / norms
+    v = dict(special_mismatches=int(special.sum()), tolerance_failures=int(bad.sum()),
+             max_abs_error=float(d.max()) if d.size else 0.0,
+             max_bound_ratio=float((d / bound).max()) if d.size else 0.0, cosine_diff=cos)
+    v["passed"] = v["special_mismatches"] == 0 and v["tolerance_failures"] == 0 and cos <= 5e-6
+    return v
 
 
 def ragged(rows):
