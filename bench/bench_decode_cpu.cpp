@@ -3,12 +3,14 @@
 // Counters (per second of wall time, OpenMP threads included):
 //   GFLOP/s = 2 * H * N * (512 + 512) per query token, N = attended keys (SPEC 10);
 //   GB/s    = 584 bytes per attended key + 4 bytes per index + q and out in bf16.
-// Caches hold random bytes (finite e4m3, codes 110..120, bf16 RoPE ~ N(0,1)); every request has its
-// own window pages and its own compressed entries, so the batch really streams batch * N rows.
+// Caches hold model-like rows (random_cache below: SPEC 9.9 magnitudes, random pad bytes); every
+// request has its own window pages and its own compressed entries, so the batch really streams
+// batch * N rows.
 // Built with the library's default flags (no -march=native), as CI and users get it.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <random>
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include "sparsemla/decode.h"
+#include "sparsemla/numerics.h"
 
 namespace {
 
@@ -34,29 +37,34 @@ struct Shape {
   int64_t tokens_per_request;  // 2: MTP
 };
 
-// A paged fp8_ds_mla cache of `slots` random rows.
+// A paged fp8_ds_mla cache of `slots` rows like a real cache's (SPEC 9.9, 10): latents N(0,1) x a
+// per-(token, 64-dim tile) gain exp(0.7 N(0,1)), rounded to bf16 and quantised by the library's
+// quantiser (codes ~115..125), the RoPE tile likewise as bf16, pad bytes random (readers ignore
+// them, SPEC 2.1).
 std::vector<uint8_t> random_cache(std::mt19937_64& rng, int64_t slots) {
   const int64_t blocks = (slots + kPage - 1) / kPage;
   std::vector<uint8_t> bytes(static_cast<size_t>(blocks * kPage * kTokenBytes));
-  std::uniform_int_distribution<int> byte(0, 255), code(110, 120);
+  std::uniform_int_distribution<int> byte(0, 255);
   std::normal_distribution<float> normal(0.0f, 1.0f);
+  float tile[64];
   for (int64_t b = 0; b < blocks; ++b) {
     uint8_t* page = bytes.data() + b * kPage * kTokenBytes;
     for (int p = 0; p < kPage; ++p) {
       uint8_t* row = page + p * 576;
-      for (int d = 0; d < 448; ++d) {
-        int v = byte(rng);
-        if ((v & 0x7F) == 0x7F) v ^= 1;  // no NaN bytes
-        row[d] = static_cast<uint8_t>(v);
+      uint8_t* codes = page + kPage * 576 + p * 8;
+      for (int i = 0; i < 7; ++i) {
+        const float gain = std::exp(0.7f * normal(rng));
+        for (float& v : tile) v = sparsemla::round_to_bf16(gain * normal(rng));
+        const int e = sparsemla::quantize_block(tile, 64, row + 64 * i);
+        codes[i] = sparsemla::quant_code(e, sparsemla::kCodeMaxSanitising);
       }
+      const float rope_gain = std::exp(0.7f * normal(rng));
       for (int k = 0; k < 64; ++k) {
-        const bf16_bits r = sparsemla::float_to_bf16(normal(rng));
+        const bf16_bits r = sparsemla::float_to_bf16(rope_gain * normal(rng));
         row[448 + 2 * k] = static_cast<uint8_t>(r & 0xFF);
         row[449 + 2 * k] = static_cast<uint8_t>(r >> 8);
       }
-      uint8_t* codes = page + kPage * 576 + p * 8;
-      for (int i = 0; i < 7; ++i) codes[i] = static_cast<uint8_t>(code(rng));
-      codes[7] = 0;
+      codes[7] = static_cast<uint8_t>(byte(rng));
     }
   }
   return bytes;
