@@ -6,14 +6,17 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "reference/decode_fixture.h"
 #include "sparsemla/decode.h"
 #include "sparsemla/error.h"
+#include "sparsemla/verify.h"
 
 namespace sparsemla::test::decode {
 namespace {
@@ -26,12 +29,12 @@ int64_t engine_pad(int32_t bs) {
   return (576 - bytes % 576) % 576;
 }
 
-CacheSpec cache_of(int64_t slots, int32_t bs, int code_hi = 120) {
+// A cache of model data (SPEC 9.9) with at least `slots` slots.
+CacheSpec cache_of(int64_t slots, int32_t bs) {
   CacheSpec c;
   c.block_size = bs;
   c.num_blocks = std::max<int64_t>(2, (slots + bs - 1) / bs);
   c.page_pad = engine_pad(bs);
-  c.code_hi = code_hi;
   return c;
 }
 
@@ -48,23 +51,33 @@ void expect_arg_error(const std::function<void()>& call, const std::string& arg)
 
 // ---- reference against the naive oracle ---------------------------------------------------------
 
+// Model data, and raw random bytes at codes 110..135 (keys up to 448 * 2^8: both compared in
+// float64 only, so no magnitude limit applies).
 TEST(DecodeReferenceCpu, MatchesNaiveAcrossPageSizesAndWideCodes) {
   const uint64_t seed = fresh_seed();
   SPARSEMLA_SEED_TRACE(seed);
   Rng rng(seed);
-  for (int32_t bs : {1, 2, 16, 61, 64, 256}) {
-    SCOPED_TRACE("block_size=" + std::to_string(bs));
-    CaseSpec s;
-    s.T = 3;
-    s.H = 3;
-    s.main = cache_of(80, bs, /*code_hi=*/135);  // codes 110..135: far beyond bf16 tolerance use
-    s.extra = cache_of(150, bs == 256 ? 2 : bs, 135);
-    s.main_lengths = {rng.randint(0, 40), 1, 33};
-    s.extra_lengths = {rng.randint(0, 40), 0, 65};
-    s.p_invalid = 0.2;
-    s.positions = bs % 2 == 0;
-    const DecodeCase c(rng, s);
-    expect_reference_matches_naive(c, run_reference(c), naive_decode(c));
+  for (CacheData data : {CacheData::kModel, CacheData::kRawBytes}) {
+    for (int32_t bs : {1, 2, 16, 61, 64, 256}) {
+      SCOPED_TRACE(std::string(data == CacheData::kModel ? "model" : "raw bytes") +
+                   " block_size=" + std::to_string(bs));
+      CaseSpec s;
+      s.T = 3;
+      s.H = 3;
+      s.main = cache_of(80, bs);
+      s.extra = cache_of(150, bs == 256 ? 2 : bs);
+      for (CacheSpec* cs : {&s.main, &*s.extra}) {
+        cs->data = data;
+        cs->code_hi = 135;
+      }
+      s.main_lengths = {rng.randint(0, 40), 1, 33};
+      s.extra_lengths = {rng.randint(0, 40), 0, 65};
+      s.p_invalid = 0.2;
+      s.positions = bs % 2 == 0;
+      s.peaked = bs == 16;
+      const DecodeCase c(rng, s);
+      expect_reference_matches_naive(c, run_reference(c), naive_decode(c));
+    }
   }
 }
 
@@ -294,6 +307,7 @@ TEST(DecodeFastCpu, MatchesReferenceAcrossHeadCountsAndPageSizes) {
     s.out_pad = i % 2 ? 0 : 16;
     s.positions = i % 3 != 0;
     s.sink = i != 1;
+    s.peaked = i % 2 == 1;
     const DecodeCase c(rng, s);
     const RefRun ref = run_reference(c);
     expect_kernel_matches_reference(c, run_fast(c, 0), ref);  // the planner's S
@@ -544,6 +558,202 @@ TEST(InverseRopeCpu, FusedMatchesStandalone) {
           }
         }
       }
+    }
+  }
+}
+
+// ---- the accuracy rule (SPEC 9.9) ---------------------------------------------------------------
+
+// verify_decode_output on hand-made outputs: one head row of 512 elements.
+struct VerifyRow {
+  std::vector<bf16_bits> out = std::vector<bf16_bits>(kDim, float_to_bf16(1.0f));
+  std::vector<double> ref = std::vector<double>(kDim, 1.0);
+  std::vector<double> abs_mean = std::vector<double>(kDim, 1.0);
+  VerifyResult verify() const {
+    return verify_decode_output(out.data(), 1, 1, kDim, kDim, ref.data(), abs_mean.data());
+  }
+};
+
+TEST(VerifyCpu, ElementBoundHoldsExactlyAtTheLimitAndFailsOneUlpBeyond) {
+  EXPECT_EQ(verify_element_bound(-2.0, 4.0), 4.0 / 128 + 2.0 / 256 + 1e-6);
+  EXPECT_EQ(verify_element_bound(0.0, 0.0), 1e-6);
+  for (const double a : {0.75, 3.0, 1e-3}) {
+    SCOPED_TRACE("A=" + std::to_string(a));
+    VerifyRow row;
+    const double out = 0.5;  // exact in bf16
+    row.out[7] = float_to_bf16(static_cast<float>(out));
+    // The largest ref below out with out - ref <= bound(ref, A): the limit, to the double.
+    double r = (out - a / 128 - 1e-6) / (1 + 1.0 / 256);  // out - r = bound(r, A), to rounding
+    while (out - r > verify_element_bound(r, a)) r = std::nextafter(r, out);
+    while (out - std::nextafter(r, -1.0) <= verify_element_bound(std::nextafter(r, -1.0), a))
+      r = std::nextafter(r, -1.0);
+    row.ref[7] = r;
+    row.abs_mean[7] = a;
+    VerifyResult v = row.verify();
+    EXPECT_TRUE(v.passed) << v.summary();
+    EXPECT_EQ(v.tolerance_failures, 0);
+    EXPECT_NEAR(v.max_bound_ratio, 1.0, 1e-12);
+    row.ref[7] = std::nextafter(r, -1.0);  // one double ulp beyond the bound
+    v = row.verify();
+    EXPECT_FALSE(v.passed) << v.summary();
+    EXPECT_EQ(v.tolerance_failures, 1);
+    EXPECT_EQ(v.first_bad, 7);
+    EXPECT_GT(v.max_bound_ratio, 1.0);
+  }
+}
+
+// An element small by cancellation (|ref| = 1e-3 of value magnitudes ~2) is bounded by A, not by
+// |ref|: 0.015 of error passes at A = 2 (bound 0.0156 + ...) and fails at A = 1 (0.0078 + ...).
+TEST(VerifyCpu, BoundScalesWithAbsMeanNotWithTheReference) {
+  VerifyRow row;
+  row.ref[100] = 1e-3;
+  row.out[100] = float_to_bf16(0.016f);  // bf16 0.01599..: error ~0.015 = 15x |ref|
+  const double err = bf16_to_float(row.out[100]) - 1e-3;
+  ASSERT_GT(err, 0.0145);
+  ASSERT_LT(err, 2.0 / 128);
+  row.abs_mean[100] = 2.0;
+  VerifyResult v = row.verify();
+  EXPECT_TRUE(v.passed) << v.summary();
+  row.abs_mean[100] = 1.0;
+  v = row.verify();
+  EXPECT_FALSE(v.passed) << v.summary();
+  EXPECT_EQ(v.tolerance_failures, 1);
+  EXPECT_EQ(v.first_bad, 100);
+  // Rows whose A is not finite (+-inf keys: outside the contract) bound nothing.
+  row.abs_mean[100] = std::numeric_limits<double>::infinity();
+  EXPECT_TRUE(row.verify().passed);
+}
+
+TEST(VerifyCpu, SpecialValuesMustMatchExactly) {
+  const float nan = nan_f32(), inf = inf_f32();
+  const double dnan = std::nan(""), dinf = std::numeric_limits<double>::infinity();
+  struct Case {
+    float out;
+    double ref;
+    bool pass;
+  };
+  for (const Case& k : {Case{nan, dnan, true}, Case{inf, dinf, true}, Case{-inf, -dinf, true},
+                        Case{nan, 1.0, false}, Case{1.0f, dnan, false}, Case{inf, -dinf, false},
+                        Case{inf, 1.0, false}, Case{1.0f, dinf, false}, Case{-inf, dnan, false}}) {
+    SCOPED_TRACE("out=" + std::to_string(k.out) + " ref=" + std::to_string(k.ref));
+    VerifyRow row;
+    row.out[3] = float_to_bf16(k.out);
+    row.ref[3] = k.ref;
+    const VerifyResult v = row.verify();
+    EXPECT_EQ(v.passed, k.pass) << v.summary();
+    EXPECT_EQ(v.special_mismatches, k.pass ? 0 : 1);
+    if (!k.pass) {
+      EXPECT_EQ(v.first_bad, 3);
+    }
+  }
+}
+
+// Every element within its bound (errors of 2^-6 relative, A = 4 |ref|: bound ~2^-5 |ref|), yet
+// the whole output is off by 2^-6: 1 - cos ~ 2^-12 / 2 = 1.2e-4 > 5e-6, which only rule 3 sees.
+TEST(VerifyCpu, CosineRuleCatchesWhatEveryElementBoundAllows) {
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  const int64_t T = 3;
+  const int32_t H = 2;
+  const int64_t sh = kDim + 4, st = H * sh + 2;  // strided out
+  std::vector<bf16_bits> out(static_cast<size_t>(T * st), kPoisonBf16);
+  std::vector<double> ref(static_cast<size_t>(T * H * kDim)), a(ref.size());
+  for (double scale : {0.0, 1.0 / 64}) {
+    SCOPED_TRACE("relative error " + std::to_string(scale));
+    for (int64_t t = 0; t < T; ++t) {
+      for (int32_t h = 0; h < H; ++h) {
+        for (int d = 0; d < kDim; ++d) {
+          const size_t i = static_cast<size_t>((t * H + h) * kDim + d);
+          ref[i] = bf16_to_float(float_to_bf16(static_cast<float>(rng.normal())));
+          a[i] = 4.0 * std::fabs(ref[i]);
+          out[t * st + h * sh + d] = float_to_bf16(static_cast<float>(ref[i] * (1 + scale)));
+        }
+      }
+    }
+    const VerifyResult v = verify_decode_output(out.data(), T, H, st, sh, ref.data(), a.data());
+    EXPECT_EQ(v.elements, T * H * kDim);
+    EXPECT_EQ(v.tolerance_failures, 0) << v.summary();
+    EXPECT_EQ(v.special_mismatches, 0);
+    if (scale == 0.0) {
+      EXPECT_TRUE(v.passed) << v.summary();
+      EXPECT_EQ(v.cosine_diff, 0.0);
+    } else {
+      EXPECT_FALSE(v.passed) << v.summary();
+      EXPECT_GT(v.cosine_diff, 1e-4);
+      EXPECT_LT(v.cosine_diff, 1.5e-4);
+    }
+  }
+  // A reference of (almost) zeros: the cosine difference is taken as 0.
+  std::fill(ref.begin(), ref.end(), 0.0);
+  std::fill(a.begin(), a.end(), 1.0);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int32_t h = 0; h < H; ++h) {
+      for (int d = 0; d < kDim; ++d) out[t * st + h * sh + d] = d == 0 ? float_to_bf16(1e-3f) : 0;
+    }
+  }
+  const VerifyResult v = verify_decode_output(out.data(), T, H, st, sh, ref.data(), a.data());
+  EXPECT_EQ(v.cosine_diff, 0.0);
+  EXPECT_TRUE(v.passed) << v.summary();
+}
+
+// Which rule a failed verification tripped (for the planted-bug reports).
+const char* caught_by(const VerifyResult& v) {
+  const bool cos = v.cosine_diff > kVerifyCosineTol, el = v.tolerance_failures > 0;
+  return cos ? (el ? "both rules" : "the cosine rule") : (el ? "the element rule" : "NOTHING");
+}
+
+// Planted bugs (issue 22, decode_fixture.h): the correct fast-path output against the reference of
+// a perturbed problem must fail the rule, through verify_decode_output (the reference's A) and
+// the fixture's comparison (the naive oracle's A) alike, at model magnitudes: (a) the row's
+// typical key dropped from its list of 128 + 512 keys, (b) the median-code tile of that key read at
+// its code + 1 (values x2). The same bugs on a random key are reported, not asserted (most are
+// caught; keys holding < ~0.3/640 of the mass are invisible to any rule).
+TEST(DecodeRuleCpu, PlantedBugsFailTheRuleAtModelMagnitudes) {
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  const DecodeCase c(rng, planted_bug_spec(16));
+  const RefRun ref = run_reference(c);
+  const std::vector<double> mass = extra_key_mass(c, 0);
+  const int64_t typical = typical_extra_entry(c, 0), random = rng.randint(0, 511);
+  struct Bug {
+    std::string name;
+    double mass;  // of the key, in units of 1/640
+    RefRun ref;
+    bool asserted;
+  };
+  std::vector<Bug> bugs;
+  for (const int64_t j : {typical, random}) {
+    const bool asserted = j == typical;
+    const std::string which = asserted ? "typical key" : "random key";
+    const int32_t slot = c.extra_list.row(0)[j];
+    bugs.push_back(
+        {"dropped " + which, mass[j] * 640, run_reference(drop_extra_key(rng, c, 0, j)), asserted});
+    bugs.push_back({"code+1 " + which, mass[j] * 640,
+                    run_reference(bump_extra_code(c, slot, median_code_tile(*c.extra, slot))),
+                    asserted});
+  }
+  for (int32_t split : {1, 4}) {
+    SCOPED_TRACE("S=" + std::to_string(split));
+    const FastRun fast = run_fast(c, split);
+    expect_kernel_matches_reference(c, fast, ref);  // the output is correct
+    const VerifyResult ok = verify_run(c, fast, ref);
+    EXPECT_TRUE(ok.passed) << ok.summary();
+    for (const Bug& bug : bugs) {
+      SCOPED_TRACE(bug.name);
+      const VerifyResult v = verify_run(c, fast, bug.ref);
+      const Verdict f = compare_with_reference(c, fast, bug.ref, /*check_lse=*/false);
+      if (bug.asserted) {
+        EXPECT_FALSE(v.passed) << v.summary();
+        EXPECT_FALSE(f.passed()) << f.describe();
+      }
+      std::printf(
+          "[ planted bug ] CPU S=%d %-19s (mass %.2f/640): cos diff %.3g (correct %.3g, limit "
+          "%.0e), max err/bound %.3g (correct %.3g), %lld elements outside -> caught by %s\n",
+          split, bug.name.c_str(), bug.mass, v.cosine_diff, ok.cosine_diff, kVerifyCosineTol,
+          v.max_bound_ratio, ok.max_bound_ratio, static_cast<long long>(v.tolerance_failures),
+          caught_by(v));
     }
   }
 }

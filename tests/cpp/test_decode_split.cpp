@@ -179,23 +179,28 @@ TEST(DecodeSplitCpu, FastSplitCountsMatchUnsplitAndReference) {
   const uint64_t seed = fresh_seed();
   SPARSEMLA_SEED_TRACE(seed);
   Rng rng(seed);
-  const DecodeCase c(rng, split_case(rng));
-  const RefRun ref = run_reference(c);
-  const FastRun unsplit = run_fast(c, 1);
-  RefRun unsplit_as_ref = ref;  // the S = 1 output, compared like a reference
-  for (int64_t t = 0; t < c.T; ++t) {
-    for (int32_t h = 0; h < c.H; ++h) {
-      for (int d = 0; d < kDim; ++d)
-        unsplit_as_ref.out[(t * c.H + h) * kDim + d] = unsplit.value(t, h, d);
-      unsplit_as_ref.lse[t * c.H + h] = unsplit.lse_at(t, h);
+  for (bool peaked : {false, true}) {
+    SCOPED_TRACE(peaked ? "peaked softmax" : "queries N(0,1)");
+    CaseSpec s = split_case(rng);
+    s.peaked = peaked;
+    const DecodeCase c(rng, s);
+    const RefRun ref = run_reference(c);
+    const FastRun unsplit = run_fast(c, 1);
+    RefRun unsplit_as_ref = ref;  // the S = 1 output, compared like a reference
+    for (int64_t t = 0; t < c.T; ++t) {
+      for (int32_t h = 0; h < c.H; ++h) {
+        for (int d = 0; d < kDim; ++d)
+          unsplit_as_ref.out[(t * c.H + h) * kDim + d] = unsplit.value(t, h, d);
+        unsplit_as_ref.lse[t * c.H + h] = unsplit.lse_at(t, h);
+      }
     }
-  }
-  expect_kernel_matches_reference(c, unsplit, ref);
-  for (int32_t splits : {2, 3, 4, 8, 32}) {
-    SCOPED_TRACE("S=" + std::to_string(splits));
-    const FastRun run = run_fast(c, splits);
-    expect_kernel_matches_reference(c, run, ref);
-    expect_kernel_matches_reference(c, run, unsplit_as_ref, true, /*kernels=*/2);
+    expect_kernel_matches_reference(c, unsplit, ref);
+    for (int32_t splits : {2, 3, 4, 8, 32}) {
+      SCOPED_TRACE("S=" + std::to_string(splits));
+      const FastRun run = run_fast(c, splits);
+      expect_kernel_matches_reference(c, run, ref);
+      expect_kernel_matches_reference(c, run, unsplit_as_ref, true, /*kernels=*/2);
+    }
   }
 }
 

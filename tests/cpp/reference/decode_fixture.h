@@ -1,9 +1,11 @@
-// tests/cpp/reference/decode_fixture.h: random decode problems, an independent naive decoder and
-// the SPEC 9 comparison rules, shared by test_decode.cpp and test_decode_split.cpp.
+// tests/cpp/reference/decode_fixture.h: random decode problems at model magnitudes (SPEC 9.9), an
+// independent naive decoder and the SPEC 9 comparison rules, shared by the CPU decode suites
+// (test_decode.cpp, test_decode_split.cpp, test_reliability.cpp) and the GPU ones.
 //
 // The naive decoder reads the page bytes itself (SPEC 2.1 offsets written out here, e4m3 values
 // from the independent table of reference/e4m3_table.h, scales by std::ldexp) and computes the
-// softmax of SPEC 4.2 in long double; it shares no code with the library's decode.
+// softmax of SPEC 4.2 and the accuracy scale A of the tolerance in long double; it shares no code
+// with the library's decode.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -11,14 +13,20 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "reference/e4m3_table.h"
 #include "reference/random.h"
+#include "reference/writer_reference.h"
 #include "sparsemla/decode.h"
+#include "sparsemla/verify.h"
 
 namespace sparsemla::test::decode {
 
@@ -37,17 +45,44 @@ inline float inf_f32() {
 }
 
 // ---- caches ----------------------------------------------------------------------------------
-// Codes 110..120 keep |K| <= 3.5 (448 * 2^-7), like real RMS-normalised latents (a tile of N(0,1)
-// values has amax ~3.5 and gets code ~120). The bf16 tolerance of SPEC 9 (abs 1e-3 or rel 2/128)
-// assumes outputs of that size; wider code ranges are used where results are compared in float64
-// only.
+// What a cache row holds (SPEC 9.9: test data must look like the model's).
+enum class CacheData {
+  // Latents N(0,1) x a gain exp(0.7 N(0,1)) per (token, 64-dim tile), rounded to bf16 and
+  // quantised by the independent quantiser of reference/writer_reference.h (SPEC 2.3, codes
+  // clamped to 254 as a sanitising writer does: a tile's amax ~2.5 x gain gives code 120 at gain
+  // 1, 118..122 within two sigma of the gain); RoPE dims bf16 of N(0,1) x the row's own gain; pad
+  // byte random. Every comparison by tolerance runs on such caches.
+  kModel,
+  // Random finite e4m3 bytes, codes uniform in [code_lo, code_hi], RoPE N(0,1): for wide code
+  // ranges, NaN / inf poisoning and bit-exact dequantisation, compared bit-exactly or in float64.
+  kRawBytes,
+};
+
 struct CacheSpec {
   int64_t num_blocks = 4;
   int32_t block_size = 16;
   int64_t page_pad = 0;  // bytes after bs*584 (engines pad pages to multiples of 576)
-  int code_lo = 110;
+  CacheData data = CacheData::kModel;
+  int code_lo = 110;  // kRawBytes only
   int code_hi = 120;
 };
+
+// A row of model latents: 64 values N(0,1) x one gain exp(0.7 N(0,1)), rounded to bf16.
+inline void model_tile(Rng& rng, double* x, int n = 64) {
+  const double gain = std::exp(0.7 * rng.normal());
+  for (int i = 0; i < n; ++i) x[i] = ref::bf16_round(rng.normal() * gain);
+}
+
+// n tokens of model latents as bf16 [n, 512] (window writer inputs): per 64-dim tile one gain.
+inline std::vector<bf16_bits> model_latents(Rng& rng, int64_t n) {
+  std::vector<bf16_bits> kv(static_cast<size_t>(n * kDim));
+  double x[64];
+  for (int64_t i = 0; i < n * kDim; i += 64) {
+    model_tile(rng, x);
+    for (int j = 0; j < 64; ++j) kv[i + j] = ref::bf16_bits_of(x[j]);
+  }
+  return kv;
+}
 
 class TestCache {
  public:
@@ -55,14 +90,11 @@ class TestCache {
     stride_ = int64_t{spec.block_size} * kTokenBytes + spec.page_pad;
     bytes_ = random_bytes(rng, static_cast<size_t>(stride_ * spec.num_blocks));  // padding: junk
     for (int64_t slot = 0; slot < num_slots(); ++slot) {
-      uint8_t* row = data_row(slot);
-      for (int d = 0; d < kNope; ++d) row[d] = random_finite_e4m3(rng);
-      for (int k = 0; k < 64; ++k)
-        set_rope(slot, k, float_to_bf16(static_cast<float>(rng.normal())));
-      uint8_t* codes = code_row(slot);
-      for (int i = 0; i < 7; ++i)
-        codes[i] = static_cast<uint8_t>(rng.randint(spec.code_lo, spec.code_hi));
-      codes[7] = static_cast<uint8_t>(rng.randint(0, 255));  // pad byte: never read
+      if (spec.data == CacheData::kModel) {
+        write_model_row(rng, slot);
+      } else {
+        write_raw_row(rng, slot);
+      }
     }
   }
 
@@ -114,6 +146,30 @@ class TestCache {
   }
 
  private:
+  void write_model_row(Rng& rng, int64_t slot) {
+    uint8_t* row = data_row(slot);
+    uint8_t* codes = code_row(slot);
+    double x[64];
+    for (int t = 0; t < 7; ++t) {
+      model_tile(rng, x);
+      const ref::QuantBlock q = ref::quantize(x, 64);
+      std::copy(q.bytes.begin(), q.bytes.end(), row + 64 * t);
+      codes[t] = ref::quant_code(q, /*code_max=*/254);
+    }
+    model_tile(rng, x);
+    for (int k = 0; k < 64; ++k) set_rope(slot, k, ref::bf16_bits_of(x[k]));
+    codes[7] = static_cast<uint8_t>(rng.randint(0, 255));  // pad byte: never read
+  }
+  void write_raw_row(Rng& rng, int64_t slot) {
+    uint8_t* row = data_row(slot);
+    for (int d = 0; d < kNope; ++d) row[d] = random_finite_e4m3(rng);
+    for (int k = 0; k < 64; ++k) set_rope(slot, k, float_to_bf16(static_cast<float>(rng.normal())));
+    uint8_t* codes = code_row(slot);
+    for (int i = 0; i < 7; ++i)
+      codes[i] = static_cast<uint8_t>(rng.randint(spec_.code_lo, spec_.code_hi));
+    codes[7] = static_cast<uint8_t>(rng.randint(0, 255));  // pad byte: never read
+  }
+
   CacheSpec spec_;
   int64_t stride_ = 0;
   std::vector<uint8_t> bytes_;
@@ -179,6 +235,10 @@ struct CaseSpec {
   bool sink = true;
   bool positions = false;
   bool lse = true;
+  // Queries N(0,1) (SPEC 9.9) give scores of spread ~1.6 over the keys; peaked multiplies each
+  // head's query by a factor in [8, 16] (spread ~13..26), so that a few keys hold most of the
+  // probability.
+  bool peaked = false;
 };
 
 struct DecodeCase {
@@ -204,7 +264,11 @@ struct DecodeCase {
     q.assign(static_cast<size_t>(T * q_stride_token), bf16_bits{0x7FC0});  // padding: NaN
     for (int64_t t = 0; t < T; ++t) {
       for (int32_t h = 0; h < H; ++h) {
-        const auto v = random_bf16(rng, kDim);
+        auto v = random_bf16(rng, kDim);
+        if (s.peaked) {
+          const float f = static_cast<float>(rng.uniform(8.0, 16.0));
+          for (auto& x : v) x = float_to_bf16(bf16_to_float(x) * f);
+        }
         std::copy(v.begin(), v.end(), q.begin() + t * q_stride_token + h * q_stride_head);
       }
     }
@@ -329,44 +393,46 @@ inline FastRun run_fast(const DecodeCase& c, int32_t splits) {
   return run_fast(c, splits, [](DecodeParams&) {});
 }
 
-struct RefRun {
-  std::vector<double> out;  // [T, H, 512]
-  std::vector<double> lse;  // [T, H]
-  int32_t H = 0;
-  double value(int64_t t, int32_t h, int d) const { return out[(t * H + h) * kDim + d]; }
-  double lse_at(int64_t t, int32_t h) const { return lse[t * H + h]; }
-};
-
-template <typename Edit>
-RefRun run_reference(const DecodeCase& c, Edit edit) {
-  RefRun r;
-  r.H = c.H;
-  r.out.assign(static_cast<size_t>(c.T * c.H * kDim), std::nan(""));
-  r.lse.assign(static_cast<size_t>(c.T * c.H), std::nan(""));
-  DecodeParams p = c.params(nullptr, nullptr);
-  edit(p);
-  sparse_decode_reference(p, r.out.data(), r.lse.data());
-  return r;
-}
-inline RefRun run_reference(const DecodeCase& c) {
-  return run_reference(c, [](DecodeParams&) {});
-}
-
-// ---- the naive oracle (long double, independent of the library)
-// ----------------------------------
+// ---- the naive oracle (long double, independent of the library) -------------------------------
 struct NaiveRun {
-  std::vector<long double> out;  // [T, H, 512]
-  std::vector<long double> lse;  // [T, H]
-  std::vector<double> key_max;   // [T]: max |K| over the row's keys (scale of rounding errors)
+  std::vector<long double> out;       // [T, H, 512]
+  std::vector<long double> lse;       // [T, H]
+  std::vector<long double> abs_mean;  // [T, H, 512]: A of include/sparsemla/verify.h
+  std::vector<double> key_max;        // [T]: max |K| over the row's keys (scale of rounding errors)
+  std::vector<double> score_scale;    // [T, H]: max over keys of scale * sum_d |q_d K_d|
 };
 
-// scrub_main / scrub_extra: NaN -> 0 per cache (SPEC 5).
+// fn(i) for i in [0, n), on up to hardware_concurrency threads (the GPU suites' problems reach
+// 10^7 (token, head, key) triples, ~1 us each in long double).
+template <typename Fn>
+void parallel_for(int64_t n, int64_t work_per_item, Fn fn) {
+  const int64_t threads = std::min<int64_t>(
+      n, n * work_per_item < (int64_t{1} << 20)
+             ? 1
+             : std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency())));
+  if (threads <= 1) {
+    for (int64_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  std::vector<std::thread> pool;
+  for (int64_t k = 0; k < threads; ++k) {
+    pool.emplace_back([&, k] {
+      for (int64_t i = k; i < n; i += threads) fn(i);
+    });
+  }
+  for (auto& th : pool) th.join();
+}
+
+// scrub_extra: NaN -> 0 in the extra cache (SPEC 5; the window cache is always scrubbed).
 inline NaiveRun naive_decode(const DecodeCase& c, bool scrub_extra = true,
                              float scale = kDefaultSoftmaxScale) {
   NaiveRun r;
   r.out.assign(static_cast<size_t>(c.T * c.H * kDim), 0.0L);
   r.lse.assign(static_cast<size_t>(c.T * c.H), 0.0L);
+  r.abs_mean.assign(static_cast<size_t>(c.T * c.H * kDim), 0.0L);
   r.key_max.assign(static_cast<size_t>(c.T), 0.0);
+  r.score_scale.assign(static_cast<size_t>(c.T * c.H), 0.0);
+  constexpr long double kInfL = std::numeric_limits<long double>::infinity();
   for (int64_t t = 0; t < c.T; ++t) {
     std::vector<std::vector<long double>> keys;
     const auto take = [&](const TestCache& cache, const std::vector<int32_t>& row, bool scrub) {
@@ -384,25 +450,46 @@ inline NaiveRun naive_decode(const DecodeCase& c, bool scrub_extra = true,
     };
     take(*c.main, c.main_list.row(t), true);
     if (c.extra) take(*c.extra, c.extra_list.row(t), scrub_extra);
-    for (int32_t h = 0; h < c.H; ++h) {
+    const float* cs = c.use_positions ? &c.rope[c.positions[t] * c.rope_stride] : nullptr;
+    parallel_for(c.H, static_cast<int64_t>(keys.size()) * kDim, [&](int64_t hh) {
+      const int32_t h = static_cast<int32_t>(hh);
       long double* o = &r.out[(t * c.H + h) * kDim];
+      long double* a = &r.abs_mean[(t * c.H + h) * kDim];
       std::vector<long double> z;
       for (const auto& k : keys) {
-        long double dot = 0;
-        for (int d = 0; d < kDim; ++d) dot += static_cast<long double>(c.q_value(t, h, d)) * k[d];
+        long double dot = 0, mag = 0;
+        for (int d = 0; d < kDim; ++d) {
+          dot += static_cast<long double>(c.q_value(t, h, d)) * k[d];
+          mag += std::fabs(static_cast<long double>(c.q_value(t, h, d)) * k[d]);
+        }
         z.push_back(static_cast<long double>(scale) * dot);
+        double& ss = r.score_scale[t * c.H + h];
+        ss = std::max(ss, static_cast<double>(scale * mag));
       }
       if (z.empty()) {
-        r.lse[t * c.H + h] = std::numeric_limits<long double>::infinity();
-        continue;
+        r.lse[t * c.H + h] = kInfL;
+        return;
       }
       const long double zmax = *std::max_element(z.begin(), z.end());
       long double sum_keys = 0;
-      for (long double zj : z) sum_keys += std::exp(zj - zmax);
+      for (size_t j = 0; j < z.size(); ++j) {
+        const long double w = std::exp(z[j] - zmax);
+        sum_keys += w;
+        for (int d = 0; d < kDim; ++d) a[d] += w * std::fabs(keys[j][d]);
+      }
       r.lse[t * c.H + h] = zmax + std::log(sum_keys);
-      const long double sink =
-          c.use_sink ? c.sink[h] : -std::numeric_limits<long double>::infinity();
-      if (sink == std::numeric_limits<long double>::infinity()) continue;  // all mass on the sink
+      // A: the keys' own softmax (no sink) of |K|; on the rotated pair dims |c| A_a + |s| A_b.
+      for (int d = 0; d < kDim; ++d) a[d] /= sum_keys;
+      if (cs != nullptr) {
+        for (int k = 0; k < 32; ++k) {
+          const long double x = a[kNope + 2 * k], y = a[kNope + 2 * k + 1];
+          const long double cc = std::fabs(cs[k]), ss = std::fabs(cs[32 + k]);
+          a[kNope + 2 * k] = cc * x + ss * y;
+          a[kNope + 2 * k + 1] = ss * x + cc * y;
+        }
+      }
+      const long double sink = c.use_sink ? c.sink[h] : -kInfL;
+      if (sink == kInfL) return;  // all mass on the sink
       const long double m = std::max(zmax, sink);
       long double den = std::exp(sink - m);
       for (size_t j = 0; j < z.size(); ++j) {
@@ -411,31 +498,92 @@ inline NaiveRun naive_decode(const DecodeCase& c, bool scrub_extra = true,
         for (int d = 0; d < kDim; ++d) o[d] += w * keys[j][d];
       }
       for (int d = 0; d < kDim; ++d) o[d] /= den;
-      if (c.use_positions) {
-        const float* cs = &c.rope[c.positions[t] * c.rope_stride];
+      if (cs != nullptr) {
         for (int k = 0; k < 32; ++k) {
-          const long double a = o[kNope + 2 * k], b = o[kNope + 2 * k + 1];
-          o[kNope + 2 * k] = a * cs[k] + b * cs[32 + k];
-          o[kNope + 2 * k + 1] = b * cs[k] - a * cs[32 + k];
+          const long double x = o[kNope + 2 * k], y = o[kNope + 2 * k + 1];
+          o[kNope + 2 * k] = x * cs[k] + y * cs[32 + k];
+          o[kNope + 2 * k + 1] = y * cs[k] - x * cs[32 + k];
         }
       }
-    }
+    });
   }
   return r;
+}
+
+// ---- the library's float64 reference -----------------------------------------------------------
+struct RefRun {
+  std::vector<double> out;       // [T, H, 512]
+  std::vector<double> lse;       // [T, H]
+  std::vector<double> abs_mean;  // [T, H, 512]: the reference's A (what verify_decode_output takes)
+  // The naive oracle's A on the same inputs, which expect_kernel_matches_reference bounds by
+  // (empty when `edit` changed an input the oracle reads from the case instead of the params).
+  std::vector<double> oracle_abs_mean;
+  int32_t H = 0;
+  double value(int64_t t, int32_t h, int d) const { return out[(t * H + h) * kDim + d]; }
+  double lse_at(int64_t t, int32_t h) const { return lse[t * H + h]; }
+};
+
+// Whether `p` still describes the inputs of `c` that naive_decode reads (q, caches, lists, RoPE).
+inline bool same_oracle_inputs(const DecodeParams& a, const DecodeParams& b) {
+  const auto same_cache = [](const CacheView& x, const CacheView& y) {
+    return x.base == y.base && x.num_blocks == y.num_blocks && x.block_size == y.block_size &&
+           x.block_stride == y.block_stride;
+  };
+  const auto same_list = [](const RaggedList& x, const RaggedList& y) {
+    return x.indices == y.indices && x.indptr == y.indptr && x.capacity == y.capacity;
+  };
+  return a.num_tokens == b.num_tokens && a.num_heads == b.num_heads && a.q == b.q &&
+         a.q_stride_token == b.q_stride_token && a.q_stride_head == b.q_stride_head &&
+         same_cache(a.main_cache, b.main_cache) && same_list(a.main_list, b.main_list) &&
+         a.has_extra == b.has_extra &&
+         (!a.has_extra ||
+          (same_cache(a.extra_cache, b.extra_cache) && same_list(a.extra_list, b.extra_list))) &&
+         a.positions == b.positions && a.rope.data == b.rope.data;
+}
+
+template <typename Edit>
+RefRun run_reference(const DecodeCase& c, Edit edit) {
+  RefRun r;
+  r.H = c.H;
+  r.out.assign(static_cast<size_t>(c.T * c.H * kDim), std::nan(""));
+  r.lse.assign(static_cast<size_t>(c.T * c.H), std::nan(""));
+  r.abs_mean.assign(r.out.size(), std::nan(""));
+  const DecodeParams p0 = c.params(nullptr, nullptr);
+  DecodeParams p = p0;
+  edit(p);
+  sparse_decode_reference(p, r.out.data(), r.lse.data(), r.abs_mean.data());
+  if (same_oracle_inputs(p, p0)) {
+    // The scrub decisions of the path (SPEC 5's gate) and the softmax scale from the params.
+    const bool gate = p.path == Path::CudaSm90 && p.extra_cache_sanitised && !p.kv_connector;
+    const NaiveRun nv = naive_decode(c, /*scrub_extra=*/!gate, p.scale);
+    r.oracle_abs_mean.assign(nv.abs_mean.begin(), nv.abs_mean.end());
+  }
+  return r;
+}
+inline RefRun run_reference(const DecodeCase& c) {
+  return run_reference(c, [](DecodeParams&) {});
 }
 
 // ---- comparisons -------------------------------------------------------------------------------
 // Reference vs naive: both are exact up to float64 rounding; outputs are convex combinations of
 // keys, so errors scale with the largest key of the row: 1e-12 of it is ~100x the expected error.
+// A is a ratio of sums of positive terms: 1e-12 relative, except that the reference's double
+// scores carry ~sqrt(512) 2^-53 S of rounding (S = scale * sum_d |q_d K_d|, up to ~3e4 on the
+// raw caches of codes up to 135), which moves each weight, hence A, by up to twice that: 1e-14 S;
+// plus DBL_MIN where weights underflow to double subnormals (long double keeps them).
 inline void expect_reference_matches_naive(const DecodeCase& c, const RefRun& ref,
                                            const NaiveRun& nv) {
   for (int64_t t = 0; t < c.T; ++t) {
     const double tol = 1e-12 * std::max(1.0, nv.key_max[t]);
     for (int32_t h = 0; h < c.H; ++h) {
+      const double a_rel = std::max(1e-12, 1e-14 * nv.score_scale[t * c.H + h]);
       for (int d = 0; d < kDim; ++d) {
-        const long double want = nv.out[(t * c.H + h) * kDim + d];
-        ASSERT_NEAR(ref.value(t, h, d), static_cast<double>(want), tol)
+        const size_t i = static_cast<size_t>((t * c.H + h) * kDim + d);
+        ASSERT_NEAR(ref.value(t, h, d), static_cast<double>(nv.out[i]), tol)
             << "t=" << t << " h=" << h << " d=" << d;
+        const double want_a = static_cast<double>(nv.abs_mean[i]);
+        ASSERT_NEAR(ref.abs_mean[i], want_a, a_rel * want_a + std::numeric_limits<double>::min())
+            << "abs_mean t=" << t << " h=" << h << " d=" << d;
       }
       const long double want_lse = nv.lse[t * c.H + h];
       if (std::isinf(want_lse)) {
@@ -448,89 +596,195 @@ inline void expect_reference_matches_naive(const DecodeCase& c, const RefRun& re
   }
 }
 
-// max_j |K_j[d]| over the valid keys of each row: [T, 512] (scrubbed, from the bytes).
-inline std::vector<double> row_key_abs_max(const DecodeCase& c) {
-  std::vector<double> kmax(static_cast<size_t>(c.T * kDim), 0.0);
-  const auto scan = [&](int64_t t, const TestCache& cache, const std::vector<int32_t>& row) {
-    for (int32_t slot : row) {
-      if (slot < 0 || slot >= cache.num_slots()) continue;
-      for (int d = 0; d < kDim; ++d) {
-        const double v = std::fabs(cache.value(slot, d));
-        if (!std::isnan(v)) kmax[t * kDim + d] = std::max(kmax[t * kDim + d], v);
-      }
-    }
-  };
-  for (int64_t t = 0; t < c.T; ++t) {
-    scan(t, *c.main, c.main_list.row(t));
-    if (c.extra) scan(t, *c.extra, c.extra_list.row(t));
+// The accuracy contract of SPEC 9.9, as include/sparsemla/verify.h states and argues it: NaN and
+// +-inf positions exact; every finite element within verify_element_bound(ref, A), A the
+// probability-weighted mean magnitude of the value column (here from the naive oracle, not from the
+// library); the cosine difference over the whole output <= 5e-6; lse as SPEC 9 item 4. `kernels`
+// = 2 when `ref` is itself a kernel output (each side carries its own rounding: the bound
+// doubles).
+struct Verdict {
+  int64_t elements = 0, special_mismatches = 0, outside = 0, lse_failures = 0;
+  double max_abs_error = 0, max_bound_ratio = 0, cosine_diff = 0;
+  std::string first_failure;
+  bool elements_pass() const { return special_mismatches == 0 && outside == 0; }
+  bool cosine_pass() const { return cosine_diff <= kVerifyCosineTol; }
+  bool passed() const { return elements_pass() && cosine_pass() && lse_failures == 0; }
+  std::string describe() const {
+    char buf[320];
+    std::snprintf(buf, sizeof(buf),
+                  "%s: %lld elements, max abs err %.3g, max err/bound %.3g, cos diff %.3g, %lld "
+                  "special mismatches, %lld outside the bound, %lld lse failures",
+                  passed() ? "PASS" : "FAIL", static_cast<long long>(elements), max_abs_error,
+                  max_bound_ratio, cosine_diff, static_cast<long long>(special_mismatches),
+                  static_cast<long long>(outside), static_cast<long long>(lse_failures));
+    return buf + (first_failure.empty() ? std::string() : "; first: " + first_failure);
   }
-  return kmax;
-}
+};
 
-// SPEC 9 tolerance of a kernel against the float64 reference, and why it holds:
-//  - q and K enter as bf16 values exactly (K = dequantised value, exact in bf16 for codes >= 8),
-//  and
-//    Q.K, P.V and the combine accumulate in fp32: relative errors ~1e-6, far below the rest;
-//  - the stored output is rounded to bf16: <= 2^-8 of |out| (half an ulp);
-//  - the probabilities are rounded to bf16 before P.V (each by <= 2^-8 of itself, in either
-//    direction) while l sums the fp32 ones, so out[d] moves by <= 2^-8 * sum_j p_j |K_j[d]| / l
-//    <= 2^-8 * max_j |K_j[d]|, and by far less when many keys share the mass (signs are random).
-// For O(1) keys (codes <= 120 here, RoPE ~ N(0,1)) this gives |d| < 1e-3 or |d| < 2/128 |ref|,
-// the SPEC rule, for all but a few elements: those of short rows whose value is small by
-// cancellation between a few large keys (e.g. 0.6*1.0 + 0.4*(-1.4) = 0.04 with p errors of
-// 2^-9 gives |d| ~ 1e-3 = 2.5% of |ref|). Such elements must still satisfy the hard bound above
-// (times sqrt(2) on the rotated RoPE dims, times `kernels` when `ref` is itself a kernel output),
-// and may be at most 0.1% of the elements. The mean squared relative error of the bf16 store is
-// ~(2^-8)^2/3, so 1 - cos stays near 2.5e-6 < 5e-6 (FlashMLA's values) over the whole output.
-inline void expect_kernel_matches_reference(const DecodeCase& c, const FastRun& fast,
-                                            const RefRun& ref, bool check_lse = true,
-                                            int kernels = 1) {
-  const std::vector<double> kmax = row_key_abs_max(c);
-  const double u = std::ldexp(1.0, -8);
+inline Verdict compare_with_reference(const DecodeCase& c, const FastRun& fast, const RefRun& ref,
+                                      bool check_lse = true, int kernels = 1) {
+  Verdict v;
+  const auto where = [](int64_t t, int32_t h, int d) {
+    return "t=" + std::to_string(t) + " h=" + std::to_string(h) + " d=" + std::to_string(d);
+  };
+  const auto fail = [&](const std::string& what) {
+    if (v.first_failure.empty()) v.first_failure = what;
+  };
   double dot = 0, norms = 0, ref_sq = 0;
-  int64_t outside_rule = 0, elements = 0;
   for (int64_t t = 0; t < c.T; ++t) {
     for (int32_t h = 0; h < c.H; ++h) {
-      for (int d = 0; d < kDim; ++d) {
+      for (int d = 0; d < kDim; ++d, ++v.elements) {
         const double out = fast.value(t, h, d), want = ref.value(t, h, d);
-        ASSERT_EQ(std::isnan(out), std::isnan(want)) << "t=" << t << " h=" << h << " d=" << d;
-        if (std::isnan(want)) continue;
-        if (std::isinf(want) || std::isinf(out)) {
-          ASSERT_EQ(out, want) << "t=" << t << " h=" << h << " d=" << d;
+        if (!std::isfinite(out) || !std::isfinite(want)) {
+          const bool same = std::isnan(out) ? std::isnan(want) : out == want;
+          if (!same) {
+            ++v.special_mismatches;
+            fail(where(t, h, d) + " out=" + std::to_string(out) + " ref=" + std::to_string(want));
+          }
           continue;
         }
-        ++elements;
+        const double a = ref.oracle_abs_mean[(t * c.H + h) * kDim + d];
+        // A non-finite A (a row holding +-inf keys) is outside the contract: it bounds nothing.
+        const double bound = std::isfinite(a) ? kernels * verify_element_bound(want, a) : HUGE_VAL;
         const double diff = std::fabs(out - want);
+        v.max_abs_error = std::max(v.max_abs_error, diff);
+        v.max_bound_ratio = std::max(v.max_bound_ratio, diff / bound);
+        if (!(diff <= bound)) {
+          ++v.outside;
+          fail(where(t, h, d) + " out=" + std::to_string(out) + " ref=" + std::to_string(want) +
+               " A=" + std::to_string(a) + " bound=" + std::to_string(bound));
+        }
         dot += out * want;
         norms += out * out + want * want;
         ref_sq += want * want;
-        if (diff < 1e-3 || diff / (std::fabs(want) + 1e-6) < 2.01 / 128) continue;  // SPEC rule
-        ++outside_rule;
-        double k = kmax[t * kDim + d];
-        if (c.use_positions && d >= kNope) {  // rotated pair: |c| + |s| <= sqrt(2)
-          const int a = d - (d - kNope) % 2;
-          k = 1.4143 * std::max(kmax[t * kDim + a], kmax[t * kDim + a + 1]);
-        }
-        const double bound = kernels * ((u + 1e-5) * k + 1.01 * u * std::fabs(want)) + 1e-6;
-        ASSERT_LE(diff, bound) << "beyond the bf16-probability bound: t=" << t << " h=" << h
-                               << " d=" << d << " out=" << out << " ref=" << want;
       }
       if (check_lse && c.want_lse) {
         const double got = fast.lse_at(t, h), want = ref.lse_at(t, h);
-        if (std::isinf(want)) {
-          ASSERT_EQ(got, want) << "lse t=" << t << " h=" << h;
-        } else {
-          const double diff = std::fabs(got - want);
-          ASSERT_TRUE(diff <= 1e-6 || diff / (std::fabs(want) + 1e-6) < 8.01 / 65536)
-              << "lse t=" << t << " h=" << h << " got=" << got << " ref=" << want;
+        const double diff = std::fabs(got - want);
+        const bool ok = std::isinf(want)
+                            ? got == want
+                            : (diff <= 1e-6 || diff / (std::fabs(want) + 1e-6) < 8.01 / 65536);
+        if (!ok) {
+          ++v.lse_failures;
+          fail("lse t=" + std::to_string(t) + " h=" + std::to_string(h) +
+               " got=" + std::to_string(got) + " ref=" + std::to_string(want));
         }
       }
     }
   }
-  EXPECT_LE(outside_rule, std::max<int64_t>(2, elements / 1000))
-      << "elements outside the SPEC 9 rule (inside the bf16-probability bound)";
-  const double cos_diff = ref_sq < 1e-12 ? 0.0 : 1.0 - 2.0 * dot / norms;
-  EXPECT_LE(cos_diff, 5e-6);
+  v.cosine_diff = (ref_sq < 1e-12 || norms == 0.0) ? 0.0 : 1.0 - 2.0 * dot / norms;
+  return v;
+}
+
+inline void expect_kernel_matches_reference(const DecodeCase& c, const FastRun& fast,
+                                            const RefRun& ref, bool check_lse = true,
+                                            int kernels = 1) {
+  ASSERT_EQ(ref.oracle_abs_mean.size(), ref.out.size())
+      << "the reference's edit changed inputs the naive oracle reads: no independent A";
+  const Verdict v = compare_with_reference(c, fast, ref, check_lse, kernels);
+  EXPECT_TRUE(v.passed()) << v.describe();
+  // SPARSEMLA_TEST_VERIFY_LOG=1: every comparison's margins (how close correct kernels come).
+  if (const char* log = std::getenv("SPARSEMLA_TEST_VERIFY_LOG"); log != nullptr && *log == '1')
+    std::printf("[ verify ] %s\n", v.describe().c_str());
+}
+
+// verify_decode_output (the library's rule, the reference's own A) on a fast run.
+inline VerifyResult verify_run(const DecodeCase& c, const FastRun& fast, const RefRun& ref) {
+  return verify_decode_output(fast.out.data(), c.T, c.H, fast.out_stride_token,
+                              fast.out_stride_head, ref.out.data(), ref.abs_mean.data());
+}
+
+// ---- planted bugs (issue 22) -------------------------------------------------------------------
+// The rule must still catch structural bugs at model magnitudes. A correct output is compared with
+// the reference of a perturbed problem, as a kernel with the bug would be compared with the
+// correct reference, on rows of 128 window + 512 extra keys (C4-Flash). Which key matters: with
+// scores spread ~1.6 the probabilities are log-normal, the lighter half of the keys holds ~5% of
+// the mass, and a key below ~0.3/640 of it moves the output by 1 - cos < 2e-7 (the bf16 store
+// alone gives ~1.4e-6) and no element by 2^-7 A: no rule on bf16 outputs can see it (measured: a
+// random key is caught in ~75% of draws). The tests therefore plant the bugs on the row's typical
+// key, the one at which the keys sorted by probability reach half of the row's mass (1-5/640 of
+// it; caught in 200 of 200 draws), and report what a random key gives.
+inline CaseSpec planted_bug_spec(int32_t H) {
+  CaseSpec s;
+  s.T = 2;
+  s.H = H;
+  s.main.block_size = 64;
+  s.main.num_blocks = 4;
+  s.main.page_pad = 576 - (64 * kTokenBytes) % 576;
+  CacheSpec extra = s.main;
+  extra.num_blocks = 16;
+  s.extra = extra;
+  s.main_lengths = {128, 128};
+  s.extra_lengths = {512, 512};
+  s.p_invalid = 0.0;  // every entry a valid key
+  s.positions = true;
+  return s;
+}
+
+// Per entry of row t's extra list: its probability (the keys' softmax over the row's main and
+// extra keys, no sink), averaged over the heads; from the bytes, in double.
+inline std::vector<double> extra_key_mass(const DecodeCase& c, int64_t t) {
+  const std::vector<int32_t> mrow = c.main_list.row(t), xrow = c.extra_list.row(t);
+  std::vector<double> mass(xrow.size(), 0.0);
+  const auto valid = [](const TestCache& k, int32_t s) { return s >= 0 && s < k.num_slots(); };
+  for (int32_t h = 0; h < c.H; ++h) {
+    const auto score = [&](const TestCache& cache, int32_t slot) {
+      double dot = 0;
+      for (int d = 0; d < kDim; ++d) dot += c.q_value(t, h, d) * cache.value(slot, d);
+      return static_cast<double>(kDefaultSoftmaxScale) * dot;
+    };
+    std::vector<double> z;  // main keys, then extra entries (-inf for invalid ones)
+    for (int32_t s : mrow)
+      if (valid(*c.main, s)) z.push_back(score(*c.main, s));
+    const size_t first = z.size();
+    for (int32_t s : xrow) z.push_back(valid(*c.extra, s) ? score(*c.extra, s) : -HUGE_VAL);
+    const double zmax = *std::max_element(z.begin(), z.end());
+    double sum = 0;
+    for (double v : z) sum += std::exp(v - zmax);
+    for (size_t j = 0; j < xrow.size(); ++j) mass[j] += std::exp(z[first + j] - zmax) / sum / c.H;
+  }
+  return mass;
+}
+
+// The entry of row t's extra list at which the entries sorted by mass (heaviest first) reach half
+// of the row's extra mass.
+inline int64_t typical_extra_entry(const DecodeCase& c, int64_t t) {
+  const std::vector<double> mass = extra_key_mass(c, t);
+  std::vector<int64_t> order(mass.size());
+  for (size_t j = 0; j < order.size(); ++j) order[j] = static_cast<int64_t>(j);
+  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return mass[a] > mass[b]; });
+  double total = 0, acc = 0;
+  for (double m : mass) total += m;
+  for (int64_t j : order) {
+    acc += mass[j];
+    if (acc >= total / 2) return j;
+  }
+  return order.back();
+}
+
+// The slot's tile of median code (4th of its 7): a typical tile of the key.
+inline int median_code_tile(const TestCache& cache, int32_t slot) {
+  const uint8_t* codes = cache.code_row(slot);
+  int tiles[7] = {0, 1, 2, 3, 4, 5, 6};
+  std::sort(tiles, tiles + 7, [&](int a, int b) { return codes[a] < codes[b]; });
+  return tiles[3];
+}
+
+// Entry j of row t's extra list removed (the bug: a key skipped).
+inline DecodeCase drop_extra_key(Rng& rng, const DecodeCase& c, int64_t t, int64_t j) {
+  DecodeCase d = c;
+  std::vector<std::vector<int32_t>> rows;
+  for (size_t r = 0; r + 1 < c.extra_list.indptr.size(); ++r) rows.push_back(c.extra_list.row(r));
+  rows[t].erase(rows[t].begin() + j);
+  d.extra_list = TestList::from_rows(rng, rows);
+  return d;
+}
+
+// Tile `tile` of extra slot `slot` read at its code + 1 (the bug: a wrong scale, values x2).
+inline DecodeCase bump_extra_code(const DecodeCase& c, int32_t slot, int tile) {
+  DecodeCase d = c;
+  ++d.extra->code_row(slot)[tile];
+  return d;
 }
 
 // Outputs of two fast runs are bit-identical (rows only).

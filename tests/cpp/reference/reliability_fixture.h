@@ -41,15 +41,13 @@ struct RowPool {
   std::vector<float> sink;  // [H]
 
   RowPool(Rng& rng, int64_t rows, int32_t heads, const CacheSpec& main_spec,
-          const CacheSpec& extra_spec, int64_t extra_w, double q_scale = 1.0)
+          const CacheSpec& extra_spec, int64_t extra_w)
       : H(heads), extra_width(extra_w) {
     main.emplace(rng, main_spec);
     extra.emplace(rng, extra_spec);
     sink = random_f32(rng, H, 1.0, 0.5);
     for (int64_t r = 0; r < rows; ++r) {
-      std::vector<bf16_bits> qr = random_bf16(rng, static_cast<size_t>(H) * 512);
-      for (auto& v : qr) v = float_to_bf16(bf16_to_float(v) * static_cast<float>(q_scale));
-      q.push_back(std::move(qr));
+      q.push_back(random_bf16(rng, static_cast<size_t>(H) * 512));  // N(0,1) (SPEC 9.9)
       const int64_t lm = r % 7 == 3 ? 0 : rng.randint(1, main_width);
       const int64_t le = r % 5 == 1 ? 0 : rng.randint(1, extra_width);
       main_rows.push_back(decode::random_row(rng, lm, main->num_slots(), 0.03));
