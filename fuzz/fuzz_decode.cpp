@@ -7,8 +7,10 @@
 //     from >= 0 to <= capacity, positions outside the table, a short workspace), and then
 //     nothing is written;
 //   - nothing outside the out / lse rows is written (strided buffers, exact sizes);
-//   - clean inputs: every output is finite and within the SPEC 9 bf16 bound of the reference
-//     (|d| <= 2^-8 max|K| + 2^-8 |ref|, doubled for margin), lse within 2e-4 (+inf exact);
+//   - clean inputs (caches of model latents, SPEC 9.9: N(0,1) x a per-tile gain exp(0.7 N(0,1)),
+//     quantised; queries N(0,1), sometimes x8..16 for a peaked softmax): every output is finite
+//     and passes SPEC 9.9's rule against the reference (verify_decode_output with the
+//     reference's A), lse within 2e-4 (+inf exact);
 //   - caches poisoned only in scrubbable ways (NaN bytes, code 255 over zero bytes, NaN RoPE)
 //     with clean q and sink: no NaN and no inf in the output (SPEC 5, gate closed on the CPU);
 //   - deterministic mode: a second run gives the same bits.
@@ -23,6 +25,8 @@
 #include "fuzz_input.h"
 #include "fuzz_targets.h"
 #include "sparsemla/decode.h"
+#include "sparsemla/numerics.h"
+#include "sparsemla/verify.h"
 
 namespace sparsemla::fuzz {
 
@@ -59,15 +63,24 @@ FuzzCache make_cache(Input& in, Bulk& bulk) {
   c.bytes.resize(static_cast<size_t>(c.nb * c.stride));
   bulk.fill(c.bytes);
   if (c.mode == kRandomBytes) return c;
+  // Model latents (SPEC 9.9): per 64-dim tile N(0,1) x exp(0.7 N(0,1)) in bf16, the NoPE tiles
+  // quantised by the library's quantiser (SPEC 2.3, codes <= 254: tested against an independent
+  // one in tests/cpp; here it only makes data), the RoPE tile stored as bf16; pad byte random.
+  const auto tile = [&](float* x) {
+    const double gain = std::exp(0.7 * bulk.normal());
+    for (int i = 0; i < 64; ++i)
+      x[i] = bf16_to_float(float_to_bf16(static_cast<float>(bulk.normal() * gain)));
+  };
   for (int64_t s = 0; s < c.slots(); ++s) {
     uint8_t* row = c.data_row(s);
-    for (int d = 0; d < 448; ++d) {
-      if ((row[d] & 0x7F) == 0x7F) row[d] ^= 1;  // finite e4m3 bytes
-    }
-    for (int k = 0; k < 64; ++k)
-      set_bf16(row + 448 + 2 * k, float_to_bf16(static_cast<float>(bulk.unit() * 2.0)));
     uint8_t* codes = c.code_row(s);
-    for (int t = 0; t < 7; ++t) codes[t] = static_cast<uint8_t>(bulk.range(110, 125));
+    float x[64];
+    for (int t = 0; t < 7; ++t) {
+      tile(x);
+      codes[t] = quant_code(quantize_block(x, 64, row + 64 * t), kCodeMaxSanitising);
+    }
+    tile(x);
+    for (int k = 0; k < 64; ++k) set_bf16(row + 448 + 2 * k, float_to_bf16(x[k]));
     if (c.mode != kScrubbable) continue;
     const int64_t u = bulk.range(0, 7);
     if (u == 0) {
@@ -119,21 +132,6 @@ int64_t extent(int64_t T, int64_t H, int64_t st, int64_t sh, int64_t row) {
   return T == 0 ? 0 : (T - 1) * st + (H - 1) * sh + row;
 }
 
-// e4m3fn and UE8M0 from their bit fields (SPEC 2.1), for the per-dimension key bound.
-double key_value(FuzzCache& c, int64_t slot, int d) {
-  const uint8_t* row = c.data_row(slot);
-  if (d >= 448) {
-    const uint32_t b = (uint32_t{row[2 * d - 448]} | uint32_t{row[2 * d - 447]} << 8) << 16;
-    float f;
-    std::memcpy(&f, &b, 4);
-    return f;
-  }
-  const uint8_t b = row[d];
-  const int e = (b >> 3) & 15, m = b & 7;
-  const double mag = e == 0 ? std::ldexp(m, -9) : std::ldexp(8 + m, e - 10);
-  return std::ldexp(mag, c.code_row(slot)[d / 64] - 127);
-}
-
 struct Problem {
   int64_t T = 0;
   int32_t H = 1;
@@ -147,46 +145,21 @@ struct Problem {
   bool use_sink = false, use_positions = false, use_lse = false;
 };
 
-// max_j |K_j[d]| over the valid keys of row t (for the bf16 bound), per dimension.
-std::vector<double> key_bound(Problem& pb, int64_t t) {
-  std::vector<double> kmax(512, 0.0);
-  const auto scan = [&](FuzzCache& c, const FuzzList& l) {
-    for (int32_t j = l.indptr[t]; j < l.indptr[t + 1]; ++j) {
-      const int32_t s = l.indices[j];
-      if (s < 0 || s >= c.slots()) continue;
-      for (int d = 0; d < 512; ++d) kmax[d] = std::max(kmax[d], std::fabs(key_value(c, s, d)));
-    }
-  };
-  scan(pb.main, pb.main_list);
-  if (pb.has_extra) scan(pb.extra, pb.extra_list);
-  return kmax;
-}
-
 void check_against_reference(Problem& pb, const DecodeParams& p, const std::vector<bf16_bits>& out,
                              int64_t out_st, const std::vector<float>& lse, int64_t lse_st) {
-  std::vector<double> ref(static_cast<size_t>(pb.T * pb.H * 512)), ref_lse(pb.T * pb.H);
+  std::vector<double> ref(static_cast<size_t>(pb.T * pb.H * 512)), ref_lse(pb.T * pb.H),
+      abs_mean(ref.size());
   std::string why;
   SPARSEMLA_FUZZ_CHECK(
-      accepted([&] { sparse_decode_reference(p, ref.data(), ref_lse.data()); }, &why),
+      accepted([&] { sparse_decode_reference(p, ref.data(), ref_lse.data(), abs_mean.data()); },
+               &why),
       "the reference rejected a call the decode ran: " + why);
-  const double u = std::ldexp(1.0, -8);
   for (int64_t t = 0; t < pb.T; ++t) {
-    const std::vector<double> kmax = key_bound(pb, t);
     for (int32_t h = 0; h < pb.H; ++h) {
       for (int d = 0; d < 512; ++d) {
         const double got = bf16_to_float(out[t * out_st + h * p.out_stride_head + d]);
         const double want = ref[(t * pb.H + h) * 512 + d];
         SPARSEMLA_FUZZ_CHECK(std::isfinite(got) && std::isfinite(want), "non-finite clean output");
-        double k = kmax[d];
-        if (pb.use_positions && d >= 448) {  // the inverse rotation mixes a pair
-          const int a = d - (d - 448) % 2;
-          k = 1.4143 * std::max(kmax[a], kmax[a + 1]);
-        }
-        const double bound = 2.0 * ((u + 1e-5) * k + 1.01 * u * std::fabs(want)) + 1e-6;
-        SPARSEMLA_FUZZ_CHECK(
-            std::fabs(got - want) <= bound,
-            "output beyond the bf16 bound of the reference at t=" + std::to_string(t) +
-                " h=" + std::to_string(h) + " d=" + std::to_string(d));
       }
       if (!pb.use_lse) continue;
       const double got = lse[t * lse_st + h], want = ref_lse[t * pb.H + h];
@@ -198,6 +171,9 @@ void check_against_reference(Problem& pb, const DecodeParams& p, const std::vect
       }
     }
   }
+  const VerifyResult v = verify_decode_output(out.data(), pb.T, pb.H, out_st, p.out_stride_head,
+                                              ref.data(), abs_mean.data());
+  SPARSEMLA_FUZZ_CHECK(v.passed, "output outside SPEC 9.9's rule: " + v.summary());
 }
 
 }  // namespace
@@ -225,8 +201,11 @@ int run_decode(const uint8_t* data, size_t size) {
   pb.q_st = pb.T > 1 && in.flag() ? 0 : pb.H * pb.q_sh + in.range(0, 9);
   pb.q.resize(
       static_cast<size_t>(extent(pb.T, pb.H, pb.q_st == 0 ? pb.H * 512 : pb.q_st, pb.q_sh, 512)));
+  // Peaked softmax one call in four (drawn from the bulk stream: the structure the committed
+  // corpus inputs encode stays as it was).
+  const double q_gain = bulk.range(0, 3) == 0 ? 8.0 + 8.0 * std::fabs(bulk.unit()) : 1.0;
   for (auto& v : pb.q) {
-    v = q_clean ? float_to_bf16(static_cast<float>(bulk.unit() * 2.0))
+    v = q_clean ? float_to_bf16(static_cast<float>(bulk.normal() * q_gain))
                 : static_cast<bf16_bits>(bulk.next());
   }
   pb.use_sink = in.flag();

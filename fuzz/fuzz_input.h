@@ -10,6 +10,7 @@
 // size) are failures too.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -123,6 +124,12 @@ class Bulk {
   }
   // Uniform in [-1, 1).
   double unit() { return static_cast<double>(next() >> 11) * 0x1.0p-52 - 1.0; }
+  // N(0, 1) (Box-Muller; u1 in (0, 1]).
+  double normal() {
+    const double u1 = static_cast<double>((next() >> 11) + 1) * 0x1.0p-53;
+    const double u2 = static_cast<double>(next() >> 11) * 0x1.0p-53;
+    return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+  }
   void fill(std::vector<uint8_t>& v) {
     for (auto& b : v) b = byte();
   }
