@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "cuda/common/numerics_selfcheck.h"
+#include "gpu_support.h"
 #include "reference/decode_fixture.h"
 #include "reference/e4m3_table.h"
 #include "reference/random.h"
@@ -56,13 +57,8 @@ using decode::TestList;
 // The decode path under test (set by the fixtures).
 Path g_path = Path::CudaGeneric;
 
-bool device_is_sm90() {
-  int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-  return major == 9 && minor == 0;
-}
+using gpu_support::cuda_ok;
+using gpu_support::device_is_sm90;
 
 bool fast_aligned(const CacheView& c) {
   return reinterpret_cast<uintptr_t>(c.base) % 16 == 0 && c.block_stride % 16 == 0;
@@ -77,9 +73,6 @@ Path path_for(const DecodeParams& p) {
 }
 
 // ---- CUDA plumbing -----------------------------------------------------------------------------
-void cuda_ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
 
 // SPARSEMLA_GPU_TEST_REDUCED=1: fewer shapes (compute-sanitizer runs).
 bool reduced() {

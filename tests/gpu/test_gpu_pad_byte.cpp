@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "cuda/common/numerics_selfcheck.h"
+#include "gpu_support.h"
 #include "reference/pad_byte_problem.h"
 #include "reference/random.h"
 #include "sparsemla/decode.h"
@@ -37,17 +38,8 @@ constexpr int kDim = Fp8DsMla::kHeadDim;
 // generic kernel on every GPU.
 constexpr int32_t kSms = 132;
 
-bool device_is_sm90() {
-  int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-  return major == 9 && minor == 0;
-}
-
-void cuda_ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
+using gpu_support::cuda_ok;
+using gpu_support::device_is_sm90;
 
 class DeviceBuffer {
  public:
