@@ -697,12 +697,6 @@ TEST(VerifyCpu, CosineRuleCatchesWhatEveryElementBoundAllows) {
   EXPECT_TRUE(v.passed) << v.summary();
 }
 
-// Which rule a failed verification tripped (for the planted-bug reports).
-const char* caught_by(const VerifyResult& v) {
-  const bool cos = v.cosine_diff > kVerifyCosineTol, el = v.tolerance_failures > 0;
-  return cos ? (el ? "both rules" : "the cosine rule") : (el ? "the element rule" : "NOTHING");
-}
-
 // Planted bugs (issue 22, decode_fixture.h): the correct fast-path output against the reference of
 // a perturbed problem must fail the rule, through verify_decode_output (the reference's A) and
 // the fixture's comparison (the naive oracle's A) alike, at model magnitudes: (a) the row's
@@ -715,32 +709,15 @@ TEST(DecodeRuleCpu, PlantedBugsFailTheRuleAtModelMagnitudes) {
   Rng rng(seed);
   const DecodeCase c(rng, planted_bug_spec(16));
   const RefRun ref = run_reference(c);
-  const std::vector<double> mass = extra_key_mass(c, 0);
-  const int64_t typical = typical_extra_entry(c, 0), random = rng.randint(0, 511);
-  struct Bug {
-    std::string name;
-    double mass;  // of the key, in units of 1/640
-    RefRun ref;
-    bool asserted;
-  };
-  std::vector<Bug> bugs;
-  for (const int64_t j : {typical, random}) {
-    const bool asserted = j == typical;
-    const std::string which = asserted ? "typical key" : "random key";
-    const int32_t slot = c.extra_list.row(0)[j];
-    bugs.push_back(
-        {"dropped " + which, mass[j] * 640, run_reference(drop_extra_key(rng, c, 0, j)), asserted});
-    bugs.push_back({"code+1 " + which, mass[j] * 640,
-                    run_reference(bump_extra_code(c, slot, median_code_tile(*c.extra, slot))),
-                    asserted});
-  }
+  const std::vector<PlantedBug> bugs =
+      planted_bugs(rng, c, [](const DecodeCase& d) { return run_reference(d); });
   for (int32_t split : {1, 4}) {
     SCOPED_TRACE("S=" + std::to_string(split));
     const FastRun fast = run_fast(c, split);
     expect_kernel_matches_reference(c, fast, ref);  // the output is correct
     const VerifyResult ok = verify_run(c, fast, ref);
     EXPECT_TRUE(ok.passed) << ok.summary();
-    for (const Bug& bug : bugs) {
+    for (const PlantedBug& bug : bugs) {
       SCOPED_TRACE(bug.name);
       const VerifyResult v = verify_run(c, fast, bug.ref);
       const Verdict f = compare_with_reference(c, fast, bug.ref, /*check_lse=*/false);

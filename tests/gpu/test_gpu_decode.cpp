@@ -1241,33 +1241,15 @@ TEST_P(GpuDecode, PlantedBugsFailTheRuleAtModelMagnitudes) {
   const DecodeCase c = make_case(rng, decode::planted_bug_spec(64), true);
   const DeviceCase d(c);
   const RefRun ref = reference(c);
-  const std::vector<double> mass = decode::extra_key_mass(c, 0);
-  const int64_t typical = decode::typical_extra_entry(c, 0), random = rng.randint(0, 511);
-  struct Bug {
-    std::string name;
-    double mass;  // of the key, in units of 1/640
-    RefRun ref;
-    bool asserted;
-  };
-  std::vector<Bug> bugs;
-  for (const int64_t j : {typical, random}) {
-    const bool asserted = j == typical;
-    const std::string which = asserted ? "typical key" : "random key";
-    const int32_t slot = c.extra_list.row(0)[j];
-    bugs.push_back({"dropped " + which, mass[j] * 640,
-                    reference(decode::drop_extra_key(rng, c, 0, j)), asserted});
-    bugs.push_back(
-        {"code+1 " + which, mass[j] * 640,
-         reference(decode::bump_extra_code(c, slot, decode::median_code_tile(*c.extra, slot))),
-         asserted});
-  }
+  const std::vector<decode::PlantedBug> bugs =
+      decode::planted_bugs(rng, c, [](const DecodeCase& e) { return reference(e); });
   for (int32_t split : {1, 2, 5}) {
     SCOPED_TRACE("S=" + std::to_string(split));
     const GpuRun run = run_gpu(c, d, split);
     expect_matches(c, run, ref);  // the output is correct
     const VerifyResult ok = decode::verify_run(c, run.host, ref);
     EXPECT_TRUE(ok.passed) << ok.summary();
-    for (const Bug& bug : bugs) {
+    for (const decode::PlantedBug& bug : bugs) {
       SCOPED_TRACE(bug.name);
       const VerifyResult v = decode::verify_run(c, run.host, bug.ref);
       const decode::Verdict f =
@@ -1276,14 +1258,12 @@ TEST_P(GpuDecode, PlantedBugsFailTheRuleAtModelMagnitudes) {
         EXPECT_FALSE(v.passed) << v.summary();
         EXPECT_FALSE(f.passed()) << f.describe();
       }
-      const bool cos = v.cosine_diff > kVerifyCosineTol, el = v.tolerance_failures > 0;
       std::printf(
           "[ planted bug ] %s S=%d %-19s (mass %.2f/640): cos diff %.3g (correct %.3g, limit "
           "%.0e), max err/bound %.3g (correct %.3g), %lld elements outside -> caught by %s\n",
           g_path == Path::CudaSm90 ? "sm90" : "generic", split, bug.name.c_str(), bug.mass,
           v.cosine_diff, ok.cosine_diff, kVerifyCosineTol, v.max_bound_ratio, ok.max_bound_ratio,
-          static_cast<long long>(v.tolerance_failures),
-          cos ? (el ? "both rules" : "the cosine rule") : (el ? "the element rule" : "NOTHING"));
+          static_cast<long long>(v.tolerance_failures), decode::caught_by(v));
     }
   }
 }

@@ -787,6 +787,39 @@ inline DecodeCase bump_extra_code(const DecodeCase& c, int32_t slot, int tile) {
   return d;
 }
 
+// The planted bugs of the rule's tests: row 0's typical key (asserted to be caught) and a random
+// key (reported only: keys below ~0.3/640 of the mass are invisible to any rule), each dropped
+// and with its median-code tile read at code + 1. `reference(case)` gives the RefRun of a case.
+struct PlantedBug {
+  std::string name;
+  double mass;  // of the key, in units of 1/640
+  RefRun ref;
+  bool asserted;
+};
+template <typename Reference>
+std::vector<PlantedBug> planted_bugs(Rng& rng, const DecodeCase& c, Reference reference) {
+  const std::vector<double> mass = extra_key_mass(c, 0);
+  const int64_t typical = typical_extra_entry(c, 0), random = rng.randint(0, 511);
+  std::vector<PlantedBug> bugs;
+  for (const int64_t j : {typical, random}) {
+    const bool asserted = j == typical;
+    const std::string which = asserted ? "typical key" : "random key";
+    const int32_t slot = c.extra_list.row(0)[j];
+    bugs.push_back(
+        {"dropped " + which, mass[j] * 640, reference(drop_extra_key(rng, c, 0, j)), asserted});
+    bugs.push_back({"code+1 " + which, mass[j] * 640,
+                    reference(bump_extra_code(c, slot, median_code_tile(*c.extra, slot))),
+                    asserted});
+  }
+  return bugs;
+}
+
+// Which rule a failed verification tripped (for the planted-bug reports).
+inline const char* caught_by(const VerifyResult& v) {
+  const bool cos = v.cosine_diff > kVerifyCosineTol, el = v.tolerance_failures > 0;
+  return cos ? (el ? "both rules" : "the cosine rule") : (el ? "the element rule" : "NOTHING");
+}
+
 // Outputs of two fast runs are bit-identical (rows only).
 inline void expect_same_bits(const DecodeCase& c, const FastRun& a, const FastRun& b) {
   for (int64_t t = 0; t < c.T; ++t) {
