@@ -101,7 +101,7 @@ def test_emulation_matches_cpu_fast_path_at_64_heads(rng):
     assert np.array_equal(lse.view(np.uint32), e_lse.view(np.uint32))
 
 
-@pytest.mark.parametrize("cfg", ["GPU", "FLASHMLA"])
+@pytest.mark.parametrize("cfg", ["GPU", "GPU_LAZY8", "FLASHMLA"])
 def test_modelled_gpu_numerics_within_spec_tolerance(rng, cfg):
     """The GPU-kernel model (lazy rescale included) and FlashMLA's pass the SPEC 9.9 rule against the
     library's float64 reference on model-magnitude data."""
@@ -149,7 +149,7 @@ def test_gpu_output_error_is_the_emulated_kernel_error(rng, path, splits):
     """The GPU kernels round where ne.GPU says (issue 30): on model-magnitude data their rel-Frobenius
     error vs the float64 reference is the GPU model's within 10%, and their output is much closer
     to the model's output than either is to the reference. When a kernel's numerics change (e.g.
-    kLazyRescale), ne.GPU must change with it. Not run without a GPU."""
+    kDefaultRescaleLag, SPARSEMLA_RESCALE_LAG), ne.GPU must change with it. Not run without a GPU."""
     torch = pytest.importorskip("torch")
 
     def dev(a):

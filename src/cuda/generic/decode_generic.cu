@@ -284,6 +284,21 @@ bool ws_disabled() {
   return s != nullptr && s[0] == '0';
 }
 
+// kDefaultRescaleLag, or SPARSEMLA_RESCALE_LAG=<nats> (read once; measurement only, e.g. 8 for
+// the lazy rescale the kernels had before docs/NUMERICS.md).
+float rescale_lag() {
+  static const float lag = [] {
+    const char* s = std::getenv("SPARSEMLA_RESCALE_LAG");
+    if (s == nullptr || s[0] == '\0') return cuda::kDefaultRescaleLag;
+    char* end = nullptr;
+    const float v = std::strtof(s, &end);
+    SPARSEMLA_CHECK_ARG(end != s && *end == '\0' && v >= 0.0f && v <= 64.0f, "sparse_decode",
+                        "SPARSEMLA_RESCALE_LAG", "a number of nats in [0, 64]", s);
+    return v;
+  }();
+  return lag;
+}
+
 // Dynamic shared memory above 48 KiB needs an opt-in per device and kernel (not a stream
 // operation, so it is legal during graph capture); done once per device for the configurations
 // that fit.
@@ -468,6 +483,7 @@ DecodeKernelParams decode_kernel_params(const DecodeParams& p, int32_t num_split
   k.q = reinterpret_cast<const __nv_bfloat16*>(p.q);
   k.q_stride_head = p.q_stride_head;
   k.scale = p.scale;
+  k.rescale_lag = rescale_lag();
   k.q_stride_token = p.q_stride_token != 0 ? p.q_stride_token : p.num_heads * 512LL;
   k.q_vec16 = aligned(p.q, 16) && k.q_stride_token % 8 == 0 && p.q_stride_head % 8 == 0;
   k.main_cache = device_cache(p.main_cache);

@@ -9,9 +9,9 @@
 //      scores over one of 4 128-dim slices (mma.sync m16n8k16, bf16 -> fp32); the per-slice partial
 //      sums go to shared memory (into the K buffer of tile i+1, idle at that point);
 //   B. softmax: 256/(16*HB) threads per head sum the slices, apply the scale and update the head's
-//      running (m, l) online in fp32 with a lazy rescale (m moves only when the tile's maximum
-//      beats it by more than 8 nats, so p <= e^8; acc and l always use the same m, and the combine
-//      is exact for any m); probabilities rounded to bf16 for P.V while l sums the fp32 ones;
+//      running (m, l) online in fp32 (m moves whenever the tile's maximum beats it by more
+//      than rescale_lag, 0 by default: eager, p <= 1; acc and l always use the same m, and the
+//      combine is exact for any m); probabilities rounded to bf16 for P.V while l sums the fp32 ones;
 //   C. P.V of tile i (warp w owns output columns [64w, +64) of all the CTA's heads: HB x 8 x 4 fp32
 //      accumulators per thread, 128 registers at HB = 4; V read transposed from the K buffer) in
 //      one basic block with the dequantisation of tile i+1 (ALU work beside the tensor work): each
@@ -43,7 +43,6 @@ using cuda::DeviceCache;
 using cuda::DeviceList;
 using cuda::exp2_ftz;
 using cuda::FinishParams;
-using cuda::kLazyRescale;
 using cuda::kLog2e;
 using cuda::kNoScore;
 using cuda::ldmatrix_x4;
@@ -447,10 +446,11 @@ __device__ __forceinline__ TileScores<HB> read_tile_scores(const float* partial,
 
 // Online softmax of one tile for head h = tid / TPH (TPH threads per head, KPT keys each): updates
 // the head's running (m, l) (identical in its TPH threads), writes bf16 probabilities and alpha.
-// Returns whether the head's m moved (alpha != 1: alpha <= e^-8 then, 0 on the first valid tile).
+// Returns whether the head's m moved (alpha < 1 then, 0 on the first valid tile). lag: nats m may
+// lag the tile max before it moves (DecodeKernelParams::rescale_lag; 0 = eager).
 template <int HB>
 __device__ __forceinline__ bool softmax_tile(const Smem<HB>& sm, TileScores<HB> ts, float scale,
-                                             int tid, float& m_run, float& l_run) {
+                                             float lag, int tid, float& m_run, float& l_run) {
   using C = Cfg<HB>;
   constexpr int kTph = C::kThreadsPerHead, kKpt = C::kKeysPerThread;
   const int h = tid / kTph, part = tid % kTph;
@@ -466,13 +466,13 @@ __device__ __forceinline__ bool softmax_tile(const Smem<HB>& sm, TileScores<HB> 
   }
 #pragma unroll
   for (int o = 1; o < kTph; o *= 2) tmax = fmaxf(tmax, __shfl_xor_sync(0xFFFFFFFFu, tmax, o));
-  // Lazy rescale: keep m unless the tile beats it by > kLazyRescale (first valid tile: m_run is
-  // -FLT_MAX, and -FLT_MAX + 8 == -FLT_MAX, so any valid score moves it; alpha = 0 then).
-  const bool move = tmax > m_run + kLazyRescale;
+  // m moves when the tile beats it by > lag (first valid tile: m_run is -FLT_MAX, and
+  // -FLT_MAX + lag == -FLT_MAX, so any valid score moves it; alpha = 0 then).
+  const bool move = tmax > m_run + lag;
   const float m_use = move ? tmax : m_run;
   const float alpha = move ? exp2_ftz((m_run - tmax) * kLog2e) : 1.0f;
   // p = 2^((z - m) log2 e): exactly 1 for the key that set m (one-key rows output K exactly).
-  // Results below 2^-126 flush to 0 (below 1e-38 of the tile's largest p >= e^-8).
+  // Results below 2^-126 flush to 0 (below 1e-38 of the tile's largest p >= e^-lag).
   float prob[kKpt];
 #pragma unroll
   for (int i = 0; i < kKpt; ++i) prob[i] = valid[i] ? exp2_ftz((z[i] - m_use) * kLog2e) : 0.0f;
@@ -517,8 +517,9 @@ __device__ __forceinline__ void clear_acc(float (&acc)[HB][kNTiles][4]) {
   }
 }
 
-// acc *= alpha per head row; called only when some head of the CTA moved its m this tile (lazy
-// rescale: rare), the others' alpha being exactly 1.
+// acc *= alpha per head row; called only when some head of the CTA moved its m this tile (after
+// the first tiles rare: the running max of random scores grows slowly), the others' alpha being
+// exactly 1.
 template <int HB>
 __device__ __forceinline__ void rescale_acc(const Smem<HB>& sm, int lane,
                                             float (&acc)[HB][kNTiles][4]) {
@@ -716,7 +717,7 @@ __device__ __forceinline__ void partial_body(const PartialParams& p, unsigned ch
       __syncthreads();
       const bool moved = softmax_tile<HB>(
           sm, read_tile_scores<HB>(sm.partials(i), sm.flags + (i & 1) * kKeyTile, tid), p.scale,
-          tid, m_run, l_run);
+          p.rescale_lag, tid, m_run, l_run);
       // The barrier also tells every warp whether any head moved its m (no alpha loads when none).
       if (__syncthreads_or(moved)) rescale_acc<HB>(sm, lane, acc);
       // Tile i+1's rows were loaded after P.V of tile i-1. Tested only now (late_zero), so their

@@ -296,7 +296,7 @@ __device__ __forceinline__ void pv_loop(const PartialParams& p, const cuda::Spli
         partial::read_tile_scores<4>(sm.partials(), sm.tile_flags(i), tid);
     if (ws_schedule::pv_arrives_part_free(i, n)) bar_arrive(kBarPartFree, kThreads);
     const partial::Smem<4> v = sm.view(i);
-    const bool moved = partial::softmax_tile<4>(v, ts, p.scale, tid, m_run, l_run);
+    const bool moved = partial::softmax_tile<4>(v, ts, p.scale, p.rescale_lag, tid, m_run, l_run);
     laps.lap(1);
     // P and alpha of tile i complete; every PV warp is past the P.V of tile i-1, so the other
     // P / alpha buffer may be rewritten by the next softmax.

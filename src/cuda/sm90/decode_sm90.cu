@@ -10,7 +10,7 @@
 //     mbarrier.
 //   - Warpgroups 0 and 1, the consumers (216 registers): warpgroup c computes Q.K over dims
 //     [256c, +256) with wgmma m64n32k16 (Q and K from shared memory), the two partial score sets
-//     are summed through shared memory, the online softmax runs in registers (lazy rescale, bf16
+//     are summed through shared memory, the online softmax runs in registers (eager rescale, bf16
 //     P, fp32 l), and P.V for output columns [256c, +256) runs as wgmma m64n256k16 (P from
 //     registers, V = the same K stage read MN-major; 128 fp32 accumulators per thread). Q.K of the
 //     next tile and P.V of this one are issued back to back after the softmax, and the next
@@ -62,7 +62,6 @@ using cuda::DeviceCache;
 using cuda::DeviceList;
 using cuda::exp2_ftz;
 using cuda::FinishParams;
-using cuda::kLazyRescale;
 using cuda::kLog2e;
 using cuda::kNoScore;
 using cuda::smem_u32;
@@ -474,7 +473,8 @@ struct RowState {
 // Online softmax of one tile on the summed scores s (fragment: s[4j + 2h + e] = row r_h, key
 // 8j + 2 (lane % 4) + e): s becomes the fp32 probabilities; returns the alphas.
 __device__ __forceinline__ void softmax_tile(float (&s)[16], const uint8_t* flags, float scale,
-                                             int lane, RowState& st, float (&alpha)[2]) {
+                                             float lag, int lane, RowState& st,
+                                             float (&alpha)[2]) {
   const int t2 = 2 * (lane % 4);
   bool valid[8];
 #pragma unroll
@@ -497,7 +497,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[16], const uint8_t* flag
     }
     tmax = fmaxf(tmax, __shfl_xor_sync(0xFFFFFFFFu, tmax, 1));
     tmax = fmaxf(tmax, __shfl_xor_sync(0xFFFFFFFFu, tmax, 2));
-    const bool move = tmax > st.m[h] + kLazyRescale;
+    const bool move = tmax > st.m[h] + lag;
     const float m_use = move ? tmax : st.m[h];
     alpha[h] = move ? exp2_ftz((st.m[h] - tmax) * kLog2e) : 1.0f;
     float psum = 0.0f;
@@ -874,7 +874,7 @@ __device__ __forceinline__ void consumer_tile(const ConsumerCtx& x, int32_t i, R
   exchange_scores(x.sm, i, kMore, x.c, x.wtid, sc);
   x.laps.lap(0);
   float alpha[2];
-  softmax_tile(sc, x.sm.flag_set(i), x.p.scale, x.lane, st, alpha);
+  softmax_tile(sc, x.sm.flag_set(i), x.p.scale, x.p.rescale_lag, x.lane, st, alpha);
   x.laps.lap(1);
   // P.V(i-1) has run beside the exchange and softmax; wait for it before acc may be rescaled
   // (wgmma.wait_group must be warpgroup-uniform, the rescale test is only warp-uniform) and
