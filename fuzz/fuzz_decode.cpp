@@ -101,7 +101,7 @@ struct FuzzList {
   std::vector<int32_t> indices, indptr;
   int64_t capacity = 0, width = 0;
   bool valid = true;  // indptr[0] >= 0, non-decreasing, indptr[T] <= capacity
-  RaggedList view() const { return {indices.data(), indptr.data(), capacity, width}; }
+  IndexList view() const { return {indices.data(), indptr.data(), capacity, width}; }
 };
 
 FuzzList make_list(Input& in, int64_t T, int64_t num_slots, int64_t max_keys) {

@@ -144,6 +144,14 @@ namespace sparsemla {
 namespace {
 
 constexpr char kDecodeOp[] = "sparse_decode";
+// Who reports a planning error: plan_decode(shape) names "shape.<field>"; a call planned from its
+// DecodeParams names the call and the params' field ("path").
+struct PlanErrors {
+  const char* op;
+  const char* prefix;
+  std::string arg(const char* field) const { return std::string(prefix) + field; }
+};
+constexpr PlanErrors kShapeErrors{"plan_decode", "shape."};
 
 #if defined(SPARSEMLA_WITH_CUDA)
 bool cache_fast_aligned(const CacheView& c) {
@@ -151,74 +159,136 @@ bool cache_fast_aligned(const CacheView& c) {
          c.block_stride % Fp8DsMla::kFastAlign == 0;
 }
 
-// Host pointers (or Path::Cpu) run on the CPU; device pointers go through the architecture gate
-// (SPEC 7): the sm90-specialised kernels on a cc 9.0 device when this build holds their sm_90a
-// cubin and the caches are 16-byte aligned; the generic path otherwise (forcing cuda-sm90 where it
-// cannot run throws).
-Path resolve_decode_device_path(const char* op, Path requested, const void* probe,
-                                bool caches_aligned) {
-  const bool on_device = cuda::is_device_pointer(probe);
-  if (requested == Path::Cpu || (requested == Path::Auto && !on_device)) {
-    SPARSEMLA_CHECK_ARG(!on_device, op, "path", "host pointers for the cpu path",
-                        "device pointers");
-    return Path::Cpu;
-  }
-  SPARSEMLA_CHECK_ARG(on_device, op, "path", "device pointers for a CUDA path", "host pointers");
+using cuda::current_device;
+
+// A CUDA shape through the architecture gate (SPEC 7): the sm90-specialised kernels on a cc 9.0
+// device when this build holds their sm_90a cubin and the caches are 16-byte aligned; the generic
+// path otherwise (forcing cuda-sm90 where it cannot run throws). Auto takes sm90 only where it was
+// measured faster (auto_prefers_sm90, plan.h).
+Path resolve_gpu_path(const DecodeShape& s, const PlanShape& ps, const PlanErrors& e) {
+  SPARSEMLA_CHECK_ARG(s.path != Path::Cpu, e.op, e.arg("path"),
+                      "a CUDA path or auto for device data (cpu needs host data, device -1)",
+                      "cpu with device " + std::to_string(s.device));
+  SPARSEMLA_CHECK_ARG(s.device == current_device(), e.op, e.arg("device"),
+                      "the current CUDA device " + std::to_string(current_device()) +
+                          " (plan and run on the device that holds the data)",
+                      s.device);
   ArchGateInputs gate;
   cuda::current_device_cc(&gate.cc_major, &gate.cc_minor);
   gate.have_sm90a_kernels = cuda_sm90::have_sm90a_kernels();
-  gate.caches_fast_aligned = caches_aligned;
-  gate.requested = requested;
-  return select_gpu_path(gate);
-}
-
-// Where Auto may take the sm90 path, whether it pays for this call (measured rule: plan.h).
-bool auto_takes_sm90(const DecodeParams& p) {
-  return auto_prefers_sm90(cpu::decode_plan_shape(p), p.deterministic);
-}
-#endif
-
-// The path a decode call runs on: the CPU for host pointers, a CUDA path for device pointers.
-Path resolve_decode_path(const char* op, const DecodeParams& p) {
-#if defined(SPARSEMLA_WITH_CUDA)
-  const Path path = resolve_decode_device_path(
-      op, p.path, p.out,
-      cache_fast_aligned(p.main_cache) && (!p.has_extra || cache_fast_aligned(p.extra_cache)));
-  if (path == Path::CudaSm90 && p.path == Path::Auto && !auto_takes_sm90(p)) {
+  gate.caches_fast_aligned = s.caches_aligned;
+  gate.requested = s.path;
+  const Path path = select_gpu_path(gate);
+  if (path == Path::CudaSm90 && s.path == Path::Auto && !auto_prefers_sm90(ps, s.deterministic)) {
     return Path::CudaGeneric;
   }
   return path;
-#else
-  const Path path = resolve_path(op, p.path, p.out);
-  SPARSEMLA_CHECK_ARG(path == Path::Cpu, op, "path",
-                      "cpu or auto with host pointers (no CUDA decode kernels in this build)",
-                      path_name(path));
-  return path;
-#endif
 }
+#endif
 
-// S of a validated call: the caller's, else the generic planner with CU = p.num_sms, or the CPU
-// threads / the device's SMs (SPEC 4.4; widths = the lists' dense widths). Deterministic calls
-// plan as if T = 1, so S of a row never depends on the batch it is in.
-int32_t decode_splits(const DecodeParams& p, Path path) {
-  if (p.num_splits > 0) return p.num_splits;
-  PlanShape shape = cpu::decode_plan_shape(p);
-  if (p.deterministic && shape.num_tokens > 0) shape.num_tokens = 1;
+Path resolve_plan_path(const DecodeShape& s, const PlanShape& ps, const PlanErrors& e) {
+  if (s.device < 0) {
+    SPARSEMLA_CHECK_ARG(s.path == Path::Cpu || s.path == Path::Auto, e.op, e.arg("path"),
+                        "cpu or auto for host data (device -1: host pointers)", path_name(s.path));
+    return Path::Cpu;
+  }
 #if defined(SPARSEMLA_WITH_CUDA)
-  if (path != Path::Cpu && p.num_sms == 0) shape.num_sms = cuda::current_device_sms();
+  return resolve_gpu_path(s, ps, e);
 #else
-  (void)path;
+  (void)ps;
+  throw_arg_error(e.op, e.arg("device"), "-1 (host data: this build has no CUDA kernels)",
+                  std::to_string(s.device));
 #endif
-  return path == Path::CudaSm90 ? plan_sm90_tuned(shape) : plan_generic(shape);
 }
 
-// Every check made before anything runs: shapes, pointers and strides; on the CPU also the host
-// lists and positions (device lists are never read on the host: the kernels clamp every row).
-Path validate_decode_call(const char* op, const DecodeParams& p) {
-  core::validate_decode(op, p);
-  const Path path = resolve_decode_path(op, p);
-  if (path == Path::Cpu) core::validate_decode_host_data(op, p);
-  return path;
+void check_decode_shape(const DecodeShape& s) {
+  SPARSEMLA_CHECK_ARG(s.num_tokens >= 0 && s.num_tokens <= (int64_t{1} << 40), kShapeErrors.op,
+                      "shape.num_tokens", "in [0, 2^40]", s.num_tokens);
+  SPARSEMLA_CHECK_ARG(s.num_heads >= 1 && s.num_heads <= 128, kShapeErrors.op, "shape.num_heads",
+                      "in [1, 128]", s.num_heads);
+  SPARSEMLA_CHECK_ARG(s.width_main >= 0, kShapeErrors.op, "shape.width_main", ">= 0", s.width_main);
+  SPARSEMLA_CHECK_ARG(s.width_extra >= 0 && (s.has_extra || s.width_extra == 0), kShapeErrors.op,
+                      "shape.width_extra", s.has_extra ? ">= 0" : "0 without has_extra",
+                      s.width_extra);
+  SPARSEMLA_CHECK_ARG(s.num_splits >= 0 && s.num_splits <= kSpecialisedMaxSplits, kShapeErrors.op,
+                      "shape.num_splits", "in [0, 32] (0: the planner)", s.num_splits);
+  SPARSEMLA_CHECK_ARG(s.num_sms >= 0, kShapeErrors.op, "shape.num_sms", ">= 0 (0: the path's own)",
+                      s.num_sms);
+  SPARSEMLA_CHECK_ARG(s.device >= -1, kShapeErrors.op, "shape.device", ">= -1 (-1: host data)",
+                      s.device);
+}
+
+// CU of the planner and of the adaptive rule: the caller's, else the CPU threads / the SMs.
+int32_t plan_sms(const DecodeShape& s) {
+  if (s.num_sms > 0) return s.num_sms;
+#if defined(SPARSEMLA_WITH_CUDA)
+  if (s.device >= 0) return cuda::current_device_sms();
+#endif
+  return cpu::cpu_thread_count();
+}
+
+// S: the caller's, else the path's planner (SPEC 4.4; widths = the lists' dense widths).
+// Deterministic calls plan as if T = 1, so S of a row never depends on the batch it is in.
+int32_t plan_splits(const DecodeShape& s, Path path, PlanShape ps) {
+  if (s.num_splits > 0) return s.num_splits;
+  if (s.deterministic && ps.num_tokens > 0) ps.num_tokens = 1;
+  return path == Path::CudaSm90 ? plan_sm90_tuned(ps) : plan_generic(ps);
+}
+
+// The backend-specific decisions (fused combine, head blocks per CTA) of a GPU plan.
+void plan_gpu_launch(DecodePlan& plan) {
+#if defined(SPARSEMLA_WITH_CUDA)
+  const DecodeShape& s = plan.shape;
+  if (plan.path == Path::CudaSm90) {
+    plan.fused_combine =
+        cuda_sm90::plan_fused_combine(s.num_tokens, s.num_heads, plan.num_splits, s.deterministic);
+  } else if (plan.path == Path::CudaGeneric && s.num_tokens > 0) {
+    plan.head_blocks_per_cta = cuda_generic::plan_head_blocks_per_cta(s.num_tokens, plan.num_splits,
+                                                                      s.num_heads, plan.num_sms);
+  }
+#else
+  (void)plan;
+#endif
+}
+
+// The call's shape must be the plan's (a plan is reused only for calls it was made for).
+void check_plan_matches(const DecodePlan& plan, const DecodeShape& s) {
+  const DecodeShape& q = plan.shape;
+  const auto same = [](const char* f, int64_t planned, int64_t got) {
+    SPARSEMLA_CHECK_ARG(planned == got, kDecodeOp, std::string("plan.shape.") + f,
+                        "the call's " + std::string(f) + " = " + std::to_string(got) +
+                            " (a plan runs only calls of the shape it was made for)",
+                        planned);
+  };
+  same("num_tokens", q.num_tokens, s.num_tokens);
+  same("num_heads", q.num_heads, s.num_heads);
+  same("width_main", q.width_main, s.width_main);
+  same("has_extra", q.has_extra, s.has_extra);
+  same("width_extra", q.width_extra, s.width_extra);
+  same("device", q.device, s.device);
+  same("num_splits", q.num_splits, s.num_splits);
+  same("adaptive_splits", q.adaptive_splits, s.adaptive_splits);
+  same("deterministic", q.deterministic, s.deterministic);
+  same("num_sms", q.num_sms, s.num_sms);
+  SPARSEMLA_CHECK_ARG(q.path == s.path, kDecodeOp, "plan.shape.path",
+                      std::string("the call's path = ") + path_name(s.path), path_name(q.path));
+  SPARSEMLA_CHECK_ARG(plan.path != Path::CudaSm90 || s.caches_aligned, kDecodeOp, "main_cache",
+                      "base and block_stride 16-byte aligned (the plan is for cuda-sm90)",
+                      "unaligned");
+}
+
+void check_workspace(const DecodePlan& plan, const void* workspace, size_t workspace_bytes) {
+  if (plan.workspace_bytes == 0) return;
+  const std::string what = "S = " + std::to_string(plan.num_splits) + " > 1";
+  SPARSEMLA_CHECK_ARG(workspace != nullptr, kDecodeOp, "workspace",
+                      "a non-null pointer (" + what + ")", "null");
+  const size_t align = plan.path == Path::Cpu ? alignof(float) : 8;
+  SPARSEMLA_CHECK_ARG(reinterpret_cast<uintptr_t>(workspace) % align == 0, kDecodeOp, "workspace",
+                      std::to_string(align) + "-byte alignment (fp32 partials)", workspace);
+  SPARSEMLA_CHECK_ARG(workspace_bytes >= plan.workspace_bytes, kDecodeOp, "workspace_bytes",
+                      ">= plan.workspace_bytes = decode_workspace_size(T, H, S) = " +
+                          std::to_string(plan.workspace_bytes) + " (" + what + ")",
+                      workspace_bytes);
 }
 
 }  // namespace
@@ -236,14 +306,68 @@ size_t decode_workspace_size(int64_t num_tokens, int32_t num_heads, int32_t num_
   return static_cast<size_t>(rows) * (2 + Fp8DsMla::kHeadDim) * sizeof(float);
 }
 
+DecodeShape decode_shape(const DecodeParams& p) {
+  DecodeShape s;
+  s.num_tokens = p.num_tokens;
+  s.num_heads = p.num_heads;
+  s.width_main = cpu::list_plan_width(p.main_list, p.num_tokens);
+  s.has_extra = p.has_extra;
+  s.width_extra = p.has_extra ? cpu::list_plan_width(p.extra_list, p.num_tokens) : 0;
+#if defined(SPARSEMLA_WITH_CUDA)
+  s.device = cuda::is_device_pointer(p.out) ? current_device() : -1;
+  s.caches_aligned =
+      cache_fast_aligned(p.main_cache) && (!p.has_extra || cache_fast_aligned(p.extra_cache));
+#endif
+  s.path = p.path;
+  s.num_splits = p.num_splits;
+  s.adaptive_splits = p.adaptive_splits;
+  s.deterministic = p.deterministic;
+  s.num_sms = p.num_sms;
+  return s;
+}
+
+namespace {
+DecodePlan plan_for(const DecodeShape& shape, const PlanErrors& errors) {
+  DecodePlan plan;
+  plan.shape = shape;
+  plan.num_sms = plan_sms(shape);
+  const PlanShape ps{shape.num_tokens, shape.num_heads, shape.width_main, shape.width_extra,
+                     plan.num_sms};
+  plan.path = resolve_plan_path(shape, ps, errors);
+  plan.num_splits = plan_splits(shape, plan.path, ps);
+  // Deterministic: every split of a row works (the adaptive ONE_WAVE depends on T).
+  plan.adaptive_splits = shape.adaptive_splits && !shape.deterministic;
+  plan.one_wave = plan.adaptive_splits ? adaptive_one_wave(ps, plan.num_splits) : plan.num_splits;
+  plan_gpu_launch(plan);
+  if (plan.num_splits > 1 && !plan.fused_combine && shape.num_tokens > 0) {
+    plan.workspace_bytes =
+        decode_workspace_size(shape.num_tokens, shape.num_heads, plan.num_splits);
+  }
+  return plan;
+}
+}  // namespace
+
+DecodePlan plan_decode(const DecodeShape& shape) {
+  check_decode_shape(shape);
+  return plan_for(shape, kShapeErrors);
+}
+
+DecodePlan plan_decode(const DecodeParams& p) {
+  core::validate_decode("plan_decode", p);
+  return plan_for(decode_shape(p), {"plan_decode", ""});
+}
+
 int32_t decode_num_splits(const DecodeParams& p) {
   core::validate_decode("decode_num_splits", p);
-  return decode_splits(p, resolve_decode_path("decode_num_splits", p));
+  return plan_for(decode_shape(p), {"decode_num_splits", ""}).num_splits;
 }
 
 bool decode_is_supported(const DecodeParams& p, const char** why) {
   try {
-    validate_decode_call(kDecodeOp, p);
+    core::validate_decode(kDecodeOp, p);
+    if (plan_for(decode_shape(p), {kDecodeOp, ""}).path == Path::Cpu) {
+      core::validate_decode_host_data(kDecodeOp, p);
+    }
   } catch (const Error& e) {
     thread_local std::string reason;  // valid until the next call on this thread
     reason = e.what();
@@ -254,38 +378,26 @@ bool decode_is_supported(const DecodeParams& p, const char** why) {
   return true;
 }
 
-void sparse_decode(const DecodeParams& params, void* workspace, size_t workspace_bytes) {
-  const Path path = validate_decode_call(kDecodeOp, params);
-  if (params.num_tokens == 0) return;  // nothing to do
-  const int32_t splits = decode_splits(params, path);
-  // Deterministic: every split of a row works (the adaptive ONE_WAVE depends on T).
-  DecodeParams p = params;
-  if (p.deterministic) p.adaptive_splits = false;
-  if (splits > 1) {
-    const size_t need = decode_workspace_size(p.num_tokens, p.num_heads, splits);
-    const std::string what = "S = " + std::to_string(splits) + " > 1";
-    SPARSEMLA_CHECK_ARG(workspace != nullptr, kDecodeOp, "workspace",
-                        "a non-null pointer (" + what + ")", "null");
-    SPARSEMLA_CHECK_ARG(reinterpret_cast<uintptr_t>(workspace) % alignof(float) == 0, kDecodeOp,
-                        "workspace", "4-byte alignment (fp32 partials)", workspace);
-    SPARSEMLA_CHECK_ARG(
-        workspace_bytes >= need, kDecodeOp, "workspace_bytes",
-        ">= decode_workspace_size(T, H, S) = " + std::to_string(need) + " (" + what + ")",
-        workspace_bytes);
-  }
+// Every check is made before anything runs: shapes, pointers and strides, the plan against the
+// call; on the CPU also the host lists and positions (device lists are never read on the host:
+// the kernels clamp every row).
+void sparse_decode(const DecodeParams& p, const DecodePlan& plan, void* workspace,
+                   size_t workspace_bytes) {
+  core::validate_decode(kDecodeOp, p);
+  check_plan_matches(plan, decode_shape(p));
+  if (plan.path == Path::Cpu) core::validate_decode_host_data(kDecodeOp, p);
+  check_workspace(plan, workspace, workspace_bytes);
+  if (p.num_tokens == 0) return;  // nothing to do
 #if defined(SPARSEMLA_WITH_CUDA)
-  if (path != Path::Cpu) {
-    SPARSEMLA_CHECK_ARG(splits == 1 || reinterpret_cast<uintptr_t>(workspace) % 8 == 0, kDecodeOp,
-                        "workspace", "8-byte alignment on the GPU (fp32 pairs)", workspace);
-    if (path == Path::CudaSm90) {
-      cuda_sm90::sparse_decode(p, splits, workspace);
-    } else {
-      cuda_generic::sparse_decode(p, splits, workspace);
-    }
-    return;
-  }
+  if (plan.path == Path::CudaSm90) return cuda_sm90::sparse_decode(p, plan, workspace);
+  if (plan.path == Path::CudaGeneric) return cuda_generic::sparse_decode(p, plan, workspace);
 #endif
-  cpu::sparse_decode(p, splits, workspace);
+  cpu::sparse_decode(p, plan, workspace);
+}
+
+void sparse_decode(const DecodeParams& p, void* workspace, size_t workspace_bytes) {
+  core::validate_decode(kDecodeOp, p);
+  sparse_decode(p, plan_for(decode_shape(p), {kDecodeOp, ""}), workspace, workspace_bytes);
 }
 
 void inverse_rope_inplace(bf16_bits* x, int64_t num_tokens, int32_t num_heads, int64_t stride_token,
@@ -295,7 +407,9 @@ void inverse_rope_inplace(bf16_bits* x, int64_t num_tokens, int32_t num_heads, i
   core::validate_inverse_rope(x, num_tokens, num_heads, stride_token, stride_head, positions, rope,
                               /*host_data=*/false);
 #if defined(SPARSEMLA_WITH_CUDA)
-  if (resolve_decode_device_path(op, path, x, /*caches_aligned=*/false) != Path::Cpu) {
+  SPARSEMLA_CHECK_ARG(path != Path::Cpu || !cuda::is_device_pointer(x), op, "path",
+                      "host pointers for the cpu path", "device pointers");
+  if (on_gpu(op, path, x)) {
     cuda_generic::inverse_rope_inplace(x, num_tokens, num_heads, stride_token, stride_head,
                                        positions, rope, stream);
     return;

@@ -31,7 +31,7 @@ constexpr int kRowChunks = Fp8DsMla::kDataBytes / 16;                           
 
 // A list's rows and the cache they index (the decode's own public views, by value).
 struct GatherSource {
-  RaggedList list;
+  IndexList list;
   CacheView cache;
 };
 
@@ -45,7 +45,7 @@ template <GatherMode kMode>
 __global__ void gather_rows_kernel(GatherSource main, GatherSource extra, int32_t main_blocks,
                                    uint32_t* sink) {
   const bool is_extra = blockIdx.y >= static_cast<uint32_t>(main_blocks);
-  const RaggedList& l = is_extra ? extra.list : main.list;
+  const IndexList& l = is_extra ? extra.list : main.list;
   const CacheView& cache = is_extra ? extra.cache : main.cache;
   const int64_t num_slots = cache.num_blocks * cache.block_size;
   const int32_t block_y = is_extra ? blockIdx.y - main_blocks : blockIdx.y;

@@ -41,7 +41,7 @@ struct HostList {
   std::vector<int32_t> indices;
   std::vector<int32_t> indptr;
   int64_t width = 0;
-  RaggedList view() const {
+  IndexList view() const {
     return {indices.data(), indptr.data(), static_cast<int64_t>(indices.size()), width};
   }
 };

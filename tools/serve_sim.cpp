@@ -817,7 +817,7 @@ struct HostSlice {
   std::vector<int32_t> indptr, indices;
   std::vector<uint8_t> bytes;
   CacheView cache;
-  RaggedList list;
+  IndexList list;
 };
 
 HostSlice host_slice(SimBackend& be, const MutableCacheView& c, const int32_t* indices,

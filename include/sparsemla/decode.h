@@ -27,10 +27,10 @@ struct DecodeParams {
   int64_t q_stride_head = 512;
 
   CacheView main_cache;    // window cache (always scrubbed)
-  RaggedList main_list;    // T rows
+  IndexList main_list;     // T rows
   bool has_extra = false;  // ratio-4 / ratio-128 layers
   CacheView extra_cache;   // compressed cache
-  RaggedList extra_list;   // T rows
+  IndexList extra_list;    // T rows
 
   const float* sink = nullptr;  // [H] natural-log units, or null
   float scale = kDefaultSoftmaxScale;
@@ -66,15 +66,58 @@ struct DecodeParams {
 // Workspace bytes for (T, H, S): partials m, l fp32 [T, S, H] and acc fp32 [T, S, H, 512].
 size_t decode_workspace_size(int64_t num_tokens, int32_t num_heads, int32_t num_splits);
 
-// The split count the call will use (the planner of the chosen path when p.num_splits == 0).
+// ---- plan once, run many (SPEC 4.4) ------------------------------------------------------------
+// What a decode plan depends on: shapes and placement only, never list contents or GPU memory.
+// An engine plans once per step and runs every layer with the same shapes from the plan.
+struct DecodeShape {
+  int64_t num_tokens = 0;   // T
+  int32_t num_heads = 0;    // H in [1, 128]
+  int64_t width_main = 0;   // W of the main list (>= 0)
+  int64_t width_extra = 0;  // W of the extra list (0 when has_extra is false)
+  bool has_extra = false;
+  int32_t device = -1;         // CUDA device ordinal of the data; -1: host data (CPU path)
+  bool caches_aligned = true;  // both caches' base and page stride 16-byte aligned (sm90 needs it)
+  Path path = Path::Auto;      // requested path
+  int32_t num_splits = 0;      // S forced by the caller; 0: the path's planner
+  bool adaptive_splits = false;  // SPEC 4.5 (sm90 path; ignored when deterministic)
+  bool deterministic = false;    // DecodeParams::deterministic
+  int32_t num_sms = 0;           // CU; 0: the path's own (CPU: OpenMP threads; GPU: its SMs)
+};
+
+// Everything a call decides before it launches. Plain data: copy it, keep it in a captured graph.
+struct DecodePlan {
+  DecodeShape shape;             // what it was planned for (sparse_decode checks the params match)
+  Path path = Path::Cpu;         // resolved: Cpu, CudaGeneric or CudaSm90
+  int32_t num_splits = 1;        // S
+  int32_t num_sms = 1;           // CU used by the planner and by the adaptive rule
+  bool adaptive_splits = false;  // SPEC 4.5 applies (shape.adaptive_splits && !deterministic)
+  int32_t one_wave = 1;          // ONE_WAVE of SPEC 4.5 (when adaptive_splits)
+  bool fused_combine = false;    // sm90: a row's S = 2 splits combine in-kernel (no workspace)
+  int32_t head_blocks_per_cta = 1;  // cuda-generic: 16-head blocks per CTA (1, 2 or 4)
+  size_t workspace_bytes = 0;       // the workspace sparse_decode needs (0: none)
+};
+
+// The shape of a call (placement from its pointers: device data -> the current CUDA device).
+DecodeShape decode_shape(const DecodeParams& p);
+// The plan for a shape. Throws sparsemla::Error naming the field when the shape is invalid or
+// the requested path cannot run it.
+DecodePlan plan_decode(const DecodeShape& shape);
+// plan_decode(decode_shape(p)) after validating p (errors name p's fields).
+DecodePlan plan_decode(const DecodeParams& p);
+
+// The split count the call will use: plan_decode(p).num_splits.
 int32_t decode_num_splits(const DecodeParams& p);
 
 // Whether the path can run the call; on false `why` (if given) says which input is unsupported
 // (the full validation message; valid until the next call on this thread), on true it is null.
 bool decode_is_supported(const DecodeParams& p, const char** why = nullptr);
 
-// Runs the decode. workspace may be null only when the chosen S is 1 (the sm90 path may combine a
-// row's splits in-kernel, at S = 2, and then leaves the workspace untouched).
+// Runs the decode with a plan made for the call's shape (the same T, H, list widths, placement
+// and options; otherwise a clear error). workspace: >= plan.workspace_bytes, may be null when
+// that is 0. No host synchronisation, allocation or pageable copy; everything on p.stream.
+void sparse_decode(const DecodeParams& p, const DecodePlan& plan, void* workspace,
+                   size_t workspace_bytes);
+// The same, planning inside the call: sparse_decode(p, plan_decode(p), workspace, bytes).
 void sparse_decode(const DecodeParams& p, void* workspace, size_t workspace_bytes);
 
 // Reference: float64 on the dequantised cache (scrub decisions as the kernels), no bf16 rounding of

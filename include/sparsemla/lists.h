@@ -20,12 +20,24 @@
 
 namespace sparsemla {
 
-// A ragged list as the decoder reads it.
-struct RaggedList {
-  const int32_t* indices = nullptr;  // [capacity]
-  const int32_t* indptr = nullptr;   // [T + 1], non-decreasing, indptr[T] <= capacity
-  int64_t capacity = 0;              // elements of indices
-  int64_t width = 0;                 // dense row width W for the planner; 0: capacity / T
+// An index list as the decoder reads it (SPEC 4.6), in one of two forms:
+//  - ragged (indptr set): row t = indices[indptr[t], indptr[t+1]);
+//  - dense (indptr null; FlashMLA's [T, W] form, read directly, no conversion): row t = the first
+//    len(t) entries of indices[t * dense_stride, + width), len(t) = lengths[t / rows_per_length]
+//    clamped to [0, width], or width when lengths is null.
+// In either form entries outside the cache's slots (-1 padding included) are skipped, so a dense
+// list gives the same results as the ragged list build_ragged_from_dense makes from it.
+struct IndexList {
+  const int32_t* indices = nullptr;  // ragged [capacity]; dense [T, dense_stride]
+  const int32_t* indptr =
+      nullptr;               // ragged [T + 1], non-decreasing, indptr[T] <= capacity; null: dense
+  int64_t capacity = 0;      // elements of indices (dense: >= (T-1) * dense_stride + width)
+  int64_t width = 0;         // W: the planner's row width (ragged 0: capacity / T; dense >= 1)
+  int64_t dense_stride = 0;  // dense: elements between rows (0: width)
+  const int32_t* lengths = nullptr;  // dense: [ceil(T / rows_per_length)], or null (rows W long)
+  int32_t rows_per_length = 1;       // dense: s_q when lengths are per request (topk_length [b])
+
+  bool dense() const { return indptr == nullptr; }
 };
 
 // Builder output (graph buffer): indices [num_rows * width], indptr [num_rows + 1].

@@ -80,19 +80,41 @@ int64_t token_stride(int64_t stride, int32_t H, int64_t row) {
   return stride != 0 ? stride : H * row;
 }
 
-void check_list_shape(const char* op, const char* name, const RaggedList& list, int64_t T) {
+// The dense form (FlashMLA's [T, W] indices + optional lengths, SPEC 4.6): W >= 1 (it is the
+// planner's width and every row's length bound), rows inside indices [0, capacity), rows_per_length
+// >= 1. Rows must not overlap (stride >= W) so that a row is exactly its W entries.
+void check_dense_list(const char* op, const char* name, const IndexList& list, int64_t T) {
+  SPARSEMLA_CHECK_ARG(list.width >= 1 && list.width <= std::numeric_limits<int32_t>::max(), op,
+                      field(name, "width"),
+                      "in [1, 2^31) (dense form, indptr null: the row width W)", list.width);
+  const int64_t stride = list.dense_stride != 0 ? list.dense_stride : list.width;
+  SPARSEMLA_CHECK_ARG(stride >= list.width, op, field(name, "dense_stride"),
+                      ">= width = " + std::to_string(list.width) + " (or 0: width)",
+                      list.dense_stride);
+  SPARSEMLA_CHECK_ARG(list.rows_per_length >= 1, op, field(name, "rows_per_length"), ">= 1",
+                      list.rows_per_length);
+  const int64_t need = span(T, stride, list.width);
+  SPARSEMLA_CHECK_ARG(list.capacity >= need, op, field(name, "capacity"),
+                      ">= (T-1)*dense_stride + width = " + std::to_string(need), list.capacity);
+  if (list.lengths != nullptr) check_aligned(op, field(name, "lengths"), list.lengths);
+}
+
+void check_list_shape(const char* op, const char* name, const IndexList& list, int64_t T) {
   SPARSEMLA_CHECK_ARG(list.capacity >= 0, op, field(name, "capacity"), ">= 0", list.capacity);
   SPARSEMLA_CHECK_ARG(list.width >= 0, op, field(name, "width"), ">= 0", list.width);
   if (T == 0) return;
   SPARSEMLA_CHECK_PTR(list.indices, op, field(name, "indices"));
-  SPARSEMLA_CHECK_PTR(list.indptr, op, field(name, "indptr"));
   check_aligned(op, field(name, "indices"), list.indices);
+  if (list.dense()) return check_dense_list(op, name, list, T);
+  SPARSEMLA_CHECK_ARG(list.lengths == nullptr && list.dense_stride == 0, op, field(name, "lengths"),
+                      "null with indptr (lengths and dense_stride belong to the dense form)",
+                      "set");
   check_aligned(op, field(name, "indptr"), list.indptr);
 }
 
 // Reads indptr[0..T]: rows must lie inside indices [0, capacity).
-void check_list_rows(const char* op, const char* name, const RaggedList& list, int64_t T) {
-  if (T == 0) return;
+void check_list_rows(const char* op, const char* name, const IndexList& list, int64_t T) {
+  if (T == 0 || list.dense()) return;  // dense rows: every length is clamped to [0, W]
   const std::string indptr = field(name, "indptr");
   SPARSEMLA_CHECK_ARG(list.indptr[0] >= 0, op, element(indptr, 0), ">= 0", list.indptr[0]);
   for (int64_t t = 0; t < T; ++t) {

@@ -2,6 +2,7 @@
 // dispatcher: planner widths and CU, the scrub decision of the provenance gate, list rows.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "sparsemla/backend.h"
@@ -24,7 +25,7 @@ inline int32_t cpu_thread_count() {
 }
 
 // Planner width of a list (SPEC 4.4): its dense row width W, else capacity / T (exact division).
-inline int64_t list_plan_width(const RaggedList& list, int64_t num_tokens) {
+inline int64_t list_plan_width(const IndexList& list, int64_t num_tokens) {
   if (list.width > 0) return list.width;
   return num_tokens > 0 ? list.capacity / num_tokens : 0;
 }
@@ -58,7 +59,15 @@ struct ListRow {
   const int32_t* indices;
   int64_t length;
 };
-inline ListRow list_row(const RaggedList& list, int64_t t) {
+inline ListRow list_row(const IndexList& list, int64_t t) {
+  if (list.dense()) {  // SPEC 4.6 dense form: the first len(t) of the row's W entries
+    const int64_t stride = list.dense_stride != 0 ? list.dense_stride : list.width;
+    int64_t len = list.width;
+    if (list.lengths != nullptr) {
+      len = std::clamp<int64_t>(list.lengths[t / list.rows_per_length], 0, list.width);
+    }
+    return {list.indices + t * stride, len};
+  }
   const int64_t begin = list.indptr[t], end = list.indptr[t + 1];
   return {list.indices + begin, end - begin};
 }

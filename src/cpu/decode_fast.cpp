@@ -64,14 +64,13 @@ struct Job {
   int64_t out_stride_token;
   int64_t lse_stride_token;
 
-  Job(const DecodeParams& params, int32_t num_splits, void* workspace)
+  Job(const DecodeParams& params, const DecodePlan& plan, void* workspace)
       : p(params),
-        splits(num_splits),
-        parts(workspace, params.num_tokens, num_splits, params.num_heads),
+        splits(plan.num_splits),
+        parts(workspace, params.num_tokens, plan.num_splits, params.num_heads),
         scrub_extra(decode_scrubs_extra(params)),
-        adaptive(params.adaptive_splits),
-        one_wave(params.adaptive_splits ? adaptive_one_wave(decode_plan_shape(params), num_splits)
-                                        : num_splits),
+        adaptive(plan.adaptive_splits),
+        one_wave(plan.one_wave),
         q_stride_token(params.q_stride_token != 0 ? params.q_stride_token
                                                   : int64_t{params.num_heads} * kDim),
         out_stride_token(params.out_stride_token != 0 ? params.out_stride_token
@@ -344,8 +343,9 @@ void combine(const Job& job) {
 
 }  // namespace
 
-void sparse_decode(const DecodeParams& p, int32_t num_splits, void* workspace) {
-  const Job job(p, num_splits, workspace);
+void sparse_decode(const DecodeParams& p, const DecodePlan& plan, void* workspace) {
+  const Job job(p, plan, workspace);
+  const int32_t num_splits = plan.num_splits;
   const int64_t head_blocks = (p.num_heads + kHeadBlock - 1) / kHeadBlock;
   const int64_t items = p.num_tokens * num_splits * head_blocks;
 #if defined(SPARSEMLA_HAVE_OPENMP)

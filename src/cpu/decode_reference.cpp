@@ -29,7 +29,7 @@ struct RowKeys {
   int64_t count = 0;
 };
 
-void append_keys(const CacheView& cache, const RaggedList& list, int64_t t, bool scrub,
+void append_keys(const CacheView& cache, const IndexList& list, int64_t t, bool scrub,
                  RowKeys& keys) {
   const cpu::ListRow row = cpu::list_row(list, t);
   float decoded[kDim];

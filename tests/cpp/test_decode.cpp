@@ -280,7 +280,7 @@ TEST(DecodeFastCpu, LengthsAroundKeyBlocksMainOnlyAndMainPlusExtra) {
       expect_kernel_matches_reference(c,
                                       run_fast(c, 2,
                                                [](DecodeParams& p) {
-                                                 p.extra_list = RaggedList{};
+                                                 p.extra_list = IndexList{};
                                                  p.extra_cache = CacheView{};
                                                }),
                                       ref);

@@ -184,7 +184,13 @@ std::vector<Bad<F>> decode_shape_rows() {
        [](F& f) { f.p.extra_cache.block_stride = 1000; },
        {"extra_cache.block_stride", "1168"}},
       {"main indices null", [](F& f) { f.p.main_list.indices = nullptr; }, {"main_list.indices"}},
-      {"main indptr null", [](F& f) { f.p.main_list.indptr = nullptr; }, {"main_list.indptr"}},
+      // indptr null selects the dense form (SPEC 4.6), which needs the row width W.
+      {"main indptr null, no width",
+       [](F& f) {
+         f.p.main_list.indptr = nullptr;
+         f.p.main_list.width = 0;
+       },
+       {"main_list.width", "dense form"}},
       {"main indices misaligned",
        [](F& f) { f.p.main_list.indices = misaligned<const int32_t>(); },
        {"main_list.indices", "alignment"}},

@@ -611,7 +611,7 @@ void run_graph_steps(Rng& rng, int64_t captured_rows, int64_t w, RunStep run_ste
     expect_rows(b, captured_rows, expected);
     for (int64_t r = live; r < captured_rows; ++r) ASSERT_EQ(b.indptr[r + 1], b.indptr[r]);
     // The list as the decoder sees it: width W (not capacity / live rows) bounds every row.
-    const RaggedList list{b.indices.data(), b.indptr.data(), captured_rows * w, w};
+    const IndexList list{b.indices.data(), b.indptr.data(), captured_rows * w, w};
     ASSERT_LE(list.indptr[captured_rows], list.capacity);
     for (int64_t r = 0; r < captured_rows; ++r) {
       ASSERT_LE(list.indptr[r + 1] - list.indptr[r], list.width);

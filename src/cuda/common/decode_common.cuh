@@ -44,9 +44,13 @@ inline void slot_divider(int32_t d, uint32_t* magic, int32_t* shift) {
 
 // A ragged index list as the kernels read it; indptr and indices are never trusted.
 struct DeviceList {
-  const int32_t* indices;  // [capacity]
-  const int32_t* indptr;   // [T + 1]
-  int64_t capacity;        // 0 with null pointers: an absent list (every row empty)
+  const int32_t* indices;   // ragged [capacity]; dense [T, dense_stride]
+  const int32_t* indptr;    // ragged [T + 1]; null: dense (SPEC 4.6, FlashMLA's form)
+  int64_t capacity;         // 0 with null pointers: an absent list (every row empty)
+  int64_t dense_stride;     // dense: elements between rows (>= width)
+  const int32_t* lengths;   // dense: [ceil(T / rows_per_length)] or null (rows width long)
+  int32_t rows_per_length;  // dense: >= 1
+  int32_t width;            // dense: W
 };
 
 // Output finishing (sink, normalisation, fused inverse RoPE, lse, bf16 store), shared by the
@@ -77,7 +81,15 @@ struct RowRange {
 
 // Row t of a list, clamped into [0, capacity] (a row that ends before it begins is empty).
 __device__ __forceinline__ RowRange load_row_range(const DeviceList& list, int64_t t) {
-  if (list.indptr == nullptr || list.capacity <= 0) return {0, 0};
+  if (list.indices == nullptr || list.capacity <= 0) return {0, 0};
+  if (list.indptr == nullptr) {  // dense: the first len(t) of row t's W entries (clamped)
+    int32_t len = list.width;
+    if (list.lengths != nullptr) {
+      const int32_t l = __ldg(list.lengths + t / list.rows_per_length);
+      len = l < 0 ? 0 : (l > list.width ? list.width : l);
+    }
+    return {t * list.dense_stride, len};
+  }
   int64_t b = __ldg(list.indptr + t), e = __ldg(list.indptr + t + 1);
   b = b < 0 ? 0 : (b > list.capacity ? list.capacity : b);
   e = e < b ? b : (e > list.capacity ? list.capacity : e);

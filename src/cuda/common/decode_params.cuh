@@ -45,11 +45,11 @@ struct DecodeKernelParams {
 // -----------------------------------------------------------------------------------------
 // specialised: the call runs on the sm90-specialised path (the provenance gate may then skip the
 // extra cache's scrub).
-DecodeKernelParams decode_kernel_params(const DecodeParams& p, int32_t num_splits, void* workspace,
-                                        bool specialised);
+DecodeKernelParams decode_kernel_params(const DecodeParams& p, const DecodePlan& plan,
+                                        void* workspace, bool specialised);
 
 // The checks every CUDA decode launch makes (grid limits, the workspace pointer when S > 1).
-void check_decode_launch(const DecodeParams& p, int32_t num_splits, const void* workspace);
+void check_decode_launch(const DecodeParams& p, const DecodePlan& plan, const void* workspace);
 
 // The combine kernel over the workspace partials (S > 1), with programmatic dependent launch on
 // sm_90+ (it waits for the preceding partial kernel in griddepcontrol.wait).

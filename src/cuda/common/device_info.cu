@@ -51,6 +51,12 @@ const DeviceFacts& device_facts() {
 }
 }  // namespace
 
+int32_t current_device() {
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  return dev;
+}
+
 int32_t current_device_sms() {
   return device_facts().sms;
 }

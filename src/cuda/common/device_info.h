@@ -7,6 +7,8 @@ namespace sparsemla::cuda {
 
 // True when p is device (or managed) memory; host and unregistered pointers give false.
 bool is_device_pointer(const void* p);
+// The current device's ordinal (cudaGetDevice).
+int32_t current_device();
 // Multiprocessor count and compute capability of the current device.
 int32_t current_device_sms();
 void current_device_cc(int32_t* major, int32_t* minor);

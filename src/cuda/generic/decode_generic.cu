@@ -233,12 +233,15 @@ DeviceCache device_cache(const CacheView& c) {
   return d;
 }
 
-DeviceList device_list(const RaggedList& l) {
-  return {l.indices, l.indptr, l.capacity};
-}
-
-int64_t width_of(const RaggedList& l, int64_t num_tokens) {
-  return l.width > 0 ? l.width : l.capacity / num_tokens;
+DeviceList device_list(const IndexList& l) {
+  if (!l.dense()) return {l.indices, l.indptr, l.capacity, 0, nullptr, 1, 0};
+  return {l.indices,
+          nullptr,
+          l.capacity,
+          l.dense_stride != 0 ? l.dense_stride : l.width,
+          l.lengths,
+          l.rows_per_length,
+          static_cast<int32_t>(l.width)};
 }
 
 FinishParams finish_params(const DecodeParams& p) {
@@ -409,15 +412,19 @@ void launch_combine_kernel(const CombineParams& cp, bool pdl, cudaStream_t strea
 
 }  // namespace
 
-void sparse_decode(const DecodeParams& p, int32_t num_splits, void* workspace) {
+int32_t plan_head_blocks_per_cta(int64_t num_tokens, int32_t num_splits, int32_t num_heads,
+                                 int32_t sms) {
+  return head_blocks_per_cta(num_tokens, num_splits, num_heads, sms, launch_facts().max_smem);
+}
+
+void sparse_decode(const DecodeParams& p, const DecodePlan& plan, void* workspace) {
   if (p.num_tokens == 0) return;
-  cuda::check_decode_launch(p, num_splits, workspace);
+  const int32_t num_splits = plan.num_splits;
+  cuda::check_decode_launch(p, plan, workspace);
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   const LaunchFacts& facts = launch_facts();
-  const PartialParams kp = cuda::decode_kernel_params(p, num_splits, workspace, false);
-  const int32_t sms = p.num_sms > 0 ? p.num_sms : cuda::current_device_sms();
-  const int32_t per_cta =
-      head_blocks_per_cta(p.num_tokens, num_splits, p.num_heads, sms, facts.max_smem);
+  const PartialParams kp = cuda::decode_kernel_params(p, plan, workspace, false);
+  const int32_t per_cta = plan.head_blocks_per_cta;
   const int64_t hb = plan_head_blocks(p.num_heads);
   const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(num_splits),
                   static_cast<unsigned>((hb + per_cta - 1) / per_cta));
@@ -473,8 +480,9 @@ void timeline_read(unsigned long long* out) {
 // the combine kernel.
 namespace sparsemla::cuda {
 
-DecodeKernelParams decode_kernel_params(const DecodeParams& p, int32_t num_splits, void* workspace,
-                                        bool specialised) {
+DecodeKernelParams decode_kernel_params(const DecodeParams& p, const DecodePlan& plan,
+                                        void* workspace, bool specialised) {
+  const int32_t num_splits = plan.num_splits;
   using namespace cuda_generic;
   DecodeKernelParams k{};
   k.num_tokens = p.num_tokens;
@@ -496,14 +504,9 @@ DecodeKernelParams decode_kernel_params(const DecodeParams& p, int32_t num_split
   // says.
   k.scrub_extra = !may_skip_extra_scrub(
       {specialised, true, p.kv_connector, p.has_extra, p.extra_cache_sanitised});
-  k.adaptive = p.adaptive_splits ? 1 : 0;
-  if (p.adaptive_splits) {
-    PlanShape shape{p.num_tokens, p.num_heads, width_of(p.main_list, p.num_tokens),
-                    p.has_extra ? width_of(p.extra_list, p.num_tokens) : 0,
-                    p.num_sms > 0 ? p.num_sms : current_device_sms()};
-    k.one_wave = adaptive_one_wave(shape, num_splits);
-  }
-  if (num_splits > 1) {
+  k.adaptive = plan.adaptive_splits ? 1 : 0;
+  k.one_wave = plan.one_wave;
+  if (num_splits > 1 && workspace != nullptr) {
     const int64_t rows = p.num_tokens * num_splits * p.num_heads;
     k.ws_m = static_cast<float*>(workspace);
     k.ws_l = k.ws_m + rows;
@@ -513,13 +516,14 @@ DecodeKernelParams decode_kernel_params(const DecodeParams& p, int32_t num_split
   return k;
 }
 
-void check_decode_launch(const DecodeParams& p, int32_t num_splits, const void* workspace) {
+void check_decode_launch(const DecodeParams& p, const DecodePlan& plan, const void* workspace) {
   constexpr const char* kOp = "sparse_decode";
+  const int32_t num_splits = plan.num_splits;
   SPARSEMLA_CHECK_ARG(p.num_tokens <= INT32_MAX, kOp, "num_tokens", "<= 2^31-1 on the CUDA path",
                       p.num_tokens);
   SPARSEMLA_CHECK_ARG(num_splits >= 1 && num_splits <= 65535, kOp, "num_splits", "in [1, 65535]",
                       num_splits);
-  if (num_splits > 1) {
+  if (plan.workspace_bytes > 0) {
     SPARSEMLA_CHECK_PTR(workspace, kOp, "workspace");
     SPARSEMLA_CHECK_ARG(cuda_generic::aligned(workspace, 8), kOp, "workspace",
                         "an 8-byte aligned pointer", workspace);

@@ -473,8 +473,7 @@ struct RowState {
 // Online softmax of one tile on the summed scores s (fragment: s[4j + 2h + e] = row r_h, key
 // 8j + 2 (lane % 4) + e): s becomes the fp32 probabilities; returns the alphas.
 __device__ __forceinline__ void softmax_tile(float (&s)[16], const uint8_t* flags, float scale,
-                                             float lag, int lane, RowState& st,
-                                             float (&alpha)[2]) {
+                                             float lag, int lane, RowState& st, float (&alpha)[2]) {
   const int t2 = 2 * (lane % 4);
   bool valid[8];
 #pragma unroll
@@ -1119,11 +1118,19 @@ bool have_sm90a_kernels() {
 #endif
 }
 
-void sparse_decode(const DecodeParams& p, int32_t num_splits, void* workspace) {
-  if (p.num_tokens == 0) return;
-  cuda::check_decode_launch(p, num_splits, workspace);
+bool plan_fused_combine(int64_t num_tokens, int32_t num_heads, int32_t num_splits,
+                        bool deterministic) {
+  if (deterministic || num_tokens == 0) return false;
   opt_in_once();
-  Sm90Params k = cuda::decode_kernel_params(p, num_splits, workspace, /*specialised=*/true);
+  return use_fused_combine(num_tokens * ((num_heads + kHeads - 1) / kHeads), num_splits);
+}
+
+void sparse_decode(const DecodeParams& p, const DecodePlan& plan, void* workspace) {
+  if (p.num_tokens == 0) return;
+  const int32_t num_splits = plan.num_splits;
+  cuda::check_decode_launch(p, plan, workspace);
+  opt_in_once();
+  Sm90Params k = cuda::decode_kernel_params(p, plan, workspace, /*specialised=*/true);
   // The producer's cp.async.bulk needs 16-byte aligned rows (the architecture gate routes other
   // caches to the generic path; this keeps a direct call from faulting).
   SPARSEMLA_CHECK_ARG(k.main_cache.aligned16 != 0, "sparse_decode", "main_cache",
@@ -1134,10 +1141,7 @@ void sparse_decode(const DecodeParams& p, int32_t num_splits, void* workspace) {
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(num_splits),
                   static_cast<unsigned>((p.num_heads + kHeads - 1) / kHeads));
-  // Not for deterministic calls: whether the clusters fit depends on T, and a row's bits must not
-  // (the two epilogues may round differently).
-  k.fused_combine =
-      !p.deterministic && use_fused_combine(int64_t{grid.x} * grid.z, num_splits) ? 1 : 0;
+  k.fused_combine = plan.fused_combine ? 1 : 0;
   if (k.fused_combine) {  // one launch: the splits of a row combine in their cluster
     launch_clustered(k, grid, stream);
     return;

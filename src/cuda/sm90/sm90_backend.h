@@ -14,10 +14,16 @@ namespace sparsemla::cuda_sm90 {
 // sm_90a cubin is the one loaded). Cached per device after the first call.
 bool have_sm90a_kernels();
 
-// Split-K decode with S = num_splits (the caller plans it with plan_sm90_tuned): the warp-
-// specialised wgmma kernel (grid T x S x ceil(H / 64)), then the combine when S > 1. The extra
+// Split-K decode with S = plan.num_splits (planned with plan_sm90_tuned): the warp-specialised
+// wgmma kernel (grid T x S x ceil(H / 64)), then the combine when S > 1 unless
+// plan.fused_combine (the row's splits combine in their thread-block cluster). The extra
 // cache's scrub is skipped exactly when the provenance gate (SPEC 5) holds for the call. Same
 // workspace layout as the generic path.
-void sparse_decode(const DecodeParams& p, int32_t num_splits, void* workspace);
+void sparse_decode(const DecodeParams& p, const DecodePlan& plan, void* workspace);
+
+// Whether a (T, H, S) call combines in-kernel (S = 2 clusters that fit the current device at
+// once; never for deterministic calls, whose bits may not depend on T). DecodePlan field.
+bool plan_fused_combine(int64_t num_tokens, int32_t num_heads, int32_t num_splits,
+                        bool deterministic);
 
 }  // namespace sparsemla::cuda_sm90

@@ -196,7 +196,7 @@ struct TestList {
       l.indices.push_back(static_cast<int32_t>(rng.randint(0, 3)));
     return l;
   }
-  RaggedList view() const {
+  IndexList view() const {
     return {indices.data(), indptr.data(), static_cast<int64_t>(indices.size()), width};
   }
   std::vector<int32_t> row(size_t t) const {
@@ -529,7 +529,7 @@ inline bool same_oracle_inputs(const DecodeParams& a, const DecodeParams& b) {
     return x.base == y.base && x.num_blocks == y.num_blocks && x.block_size == y.block_size &&
            x.block_stride == y.block_stride;
   };
-  const auto same_list = [](const RaggedList& x, const RaggedList& y) {
+  const auto same_list = [](const IndexList& x, const IndexList& y) {
     return x.indices == y.indices && x.indptr == y.indptr && x.capacity == y.capacity;
   };
   return a.num_tokens == b.num_tokens && a.num_heads == b.num_heads && a.q == b.q &&

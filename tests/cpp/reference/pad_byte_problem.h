@@ -138,7 +138,7 @@ struct List {
     indices.insert(indices.end(), row.begin(), row.end());
     indptr.push_back(static_cast<int32_t>(indices.size()));
   }
-  RaggedList view() const {
+  IndexList view() const {
     return {indices.data(), indptr.data(), static_cast<int64_t>(indices.size()), 0};
   }
 };
