@@ -32,6 +32,7 @@
 #include "cuda/common/numerics_selfcheck.h"
 #include "gpu_support.h"
 #include "reference/decode_fixture.h"
+#include "reference/dense_lists.h"
 #include "reference/e4m3_table.h"
 #include "reference/random.h"
 #include "sparsemla/decode.h"
@@ -1301,6 +1302,131 @@ TEST_F(GpuDecodeGeneric, ArgumentErrorsAndZeroTokens) {
   forced.out = host_out.data();
   forced.path = Path::CudaGeneric;  // host pointers on a CUDA path
   EXPECT_THROW(sparse_decode(forced, nullptr, 0), Error);
+}
+
+// ---- dense lists (SPEC 4.6) and plans ----------------------------------------------------------
+
+// A dense list on the device, or the ragged list the builder makes from it.
+struct DeviceDense {
+  DeviceBuffer indices, lengths;
+  IndexList view(const DenseList& d) const {
+    return d.view(indices.as<int32_t>(), lengths.as<int32_t>());
+  }
+};
+DeviceDense to_device(const DenseList& d) {
+  return {to_device(d.indices), to_device(d.lengths)};
+}
+struct DeviceRagged {
+  DeviceBuffer indices, indptr;
+};
+
+CaseSpec dense_case(int64_t T, int32_t H) {
+  CaseSpec s;
+  s.T = T;
+  s.H = H;
+  s.main = cache_spec(64, 2, engine_pad(64));
+  s.extra = cache_spec(2, 160, engine_pad(2));
+  s.main_lengths.assign(static_cast<size_t>(T), 8);  // the dense lists below replace them
+  s.extra_lengths.assign(static_cast<size_t>(T), 8);
+  return s;
+}
+
+void expect_same_bits(const FastRun& a, const FastRun& b) {
+  int64_t out_diff = 0, lse_diff = 0;
+  for (size_t i = 0; i < a.out.size(); ++i) out_diff += a.out[i] != b.out[i];
+  for (size_t i = 0; i < a.lse.size(); ++i)
+    lse_diff += float_bits(a.lse[i]) != float_bits(b.lse[i]);
+  EXPECT_EQ(out_diff, 0) << "out elements that differ";
+  EXPECT_EQ(lse_diff, 0) << "lse elements that differ";
+}
+
+// FlashMLA's dense lists read directly give the bits of the builder's ragged lists: -1 padding,
+// per-row and per-request lengths (s_q = 2), lengths outside [0, W], out-of-range entries.
+TEST_P(GpuDecode, DenseListsSameBitsAsTheBuildersRaggedLists) {
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  for (const DenseLengths form :
+       {DenseLengths::None, DenseLengths::PerRow, DenseLengths::PerRequest}) {
+    for (const int32_t H : {16, 64, 128}) {
+      SCOPED_TRACE("form " + std::to_string(static_cast<int>(form)) + " H=" + std::to_string(H));
+      const int64_t T = 6;
+      const DecodeCase c = make_case(rng, dense_case(T, H), /*contiguous=*/true);
+      const DeviceCase d(c);
+      const int64_t n_main = c.main->num_slots(), n_extra = c.extra->num_slots();
+      const DenseList dm = make_dense_list(rng, T, 128, n_main, form);
+      const DenseList de = make_dense_list(rng, T, 512, n_extra, form);
+      const BuiltRagged rm = ragged_from_dense(dm, T, n_main);
+      const BuiltRagged re = ragged_from_dense(de, T, n_extra);
+      const DeviceDense ddm = to_device(dm), dde = to_device(de);
+      const DeviceRagged drm{to_device(rm.indices), to_device(rm.indptr)};
+      const DeviceRagged dre{to_device(re.indices), to_device(re.indptr)};
+      for (const int32_t splits : {1, 2, 5}) {
+        SCOPED_TRACE("S=" + std::to_string(splits));
+        const GpuRun dense = run_gpu(c, d, splits, [&](DecodeParams& p) {
+          p.main_list = ddm.view(dm);
+          p.extra_list = dde.view(de);
+        });
+        const GpuRun ragged = run_gpu(c, d, splits, [&](DecodeParams& p) {
+          p.main_list = rm.view(drm.indices.as<int32_t>(), drm.indptr.as<int32_t>());
+          p.extra_list = re.view(dre.indices.as<int32_t>(), dre.indptr.as<int32_t>());
+        });
+        expect_same_bits(dense.host, ragged.host);
+      }
+    }
+  }
+}
+
+// One plan, captured once in a CUDA graph, replayed while the device lengths change (as an engine's
+// per-step topk_length does): every replay equals a fresh, separately planned call.
+TEST_P(GpuDecode, PlanInGraphReplaysWithChangingDenseLengths) {
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  const int64_t T = 8;
+  const DecodeCase c = make_case(rng, dense_case(T, 64), /*contiguous=*/true);
+  const DeviceCase d(c);
+  DenseList dm = make_dense_list(rng, T, 128, c.main->num_slots(), DenseLengths::PerRequest);
+  DenseList de = make_dense_list(rng, T, 512, c.extra->num_slots(), DenseLengths::PerRequest);
+  DeviceDense ddm = to_device(dm), dde = to_device(de);
+  std::vector<bf16_bits> out_host(c.out_elems(), kPoisonBf16);
+  std::vector<float> lse_host(c.lse_elems(), decode::nan_f32());
+  DeviceBuffer out = to_device(out_host), lse = to_device(lse_host);
+  cudaStream_t stream = nullptr;
+  cuda_ok(cudaStreamCreate(&stream), "stream");
+  DecodeParams p = d.params(c, out.as<bf16_bits>(), lse.as<float>());
+  p.main_list = ddm.view(dm);
+  p.extra_list = dde.view(de);
+  p.stream = stream;
+  const DecodePlan plan = plan_decode(p);
+  DeviceBuffer ws(plan.workspace_bytes);
+  sparse_decode(p, plan, ws.get(), plan.workspace_bytes);  // warm-up outside the capture
+  cuda_ok(cudaStreamSynchronize(stream), "warm-up");
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
+  sparse_decode(p, plan, ws.get(), plan.workspace_bytes);
+  cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture");
+  cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  for (int step = 0; step < 3; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    for (auto& len : dm.lengths) len = static_cast<int32_t>(rng.randint(-2, 140));
+    for (auto& len : de.lengths) len = static_cast<int32_t>(rng.randint(0, 520));
+    ddm.lengths.upload(dm.lengths.data(), dm.lengths.size() * 4);
+    dde.lengths.upload(de.lengths.data(), de.lengths.size() * 4);
+    out.fill(0xFF);
+    cuda_ok(cudaGraphLaunch(exec, stream), "graph launch");
+    cuda_ok(cudaStreamSynchronize(stream), "replay");
+    const FastRun replayed = fetch_run(c, out, lse);
+    const GpuRun fresh = run_gpu(c, d, 0, [&](DecodeParams& q) {
+      q.main_list = ddm.view(dm);
+      q.extra_list = dde.view(de);
+    });
+    expect_same_bits(replayed, fresh.host);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
 }
 
 }  // namespace
