@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <numeric>
+#include <optional>
 
 #include "fast_rng.h"
 
@@ -246,8 +248,20 @@ std::vector<BenchShape> standard_bench_shapes() {
           {"c128-h64-even", 64, 2048, 8192, true, 1, true}};
 }
 
+// "c4-h<H>-<K>": a ratio-4 layer of H heads attending 128 window keys + a top-K list (head-count
+// sweeps of the path rule, e.g. c4-h24-1024).
+std::optional<BenchShape> parametric_shape(const std::string& name) {
+  int heads = 0, topk = 0, used = 0;
+  if (std::sscanf(name.c_str(), "c4-h%d-%d%n", &heads, &topk, &used) != 2 ||
+      used != static_cast<int>(name.size()) || heads < 1 || heads > 128 || topk < 1) {
+    return std::nullopt;
+  }
+  return BenchShape{name, heads, topk, topk, false, 1};
+}
+
 BenchShape bench_shape(const std::string& name) {
-  std::string names;
+  if (auto s = parametric_shape(name)) return *s;
+  std::string names = "c4-h<H>-<K>";
   for (const auto& s : standard_bench_shapes()) {
     if (s.name == name) return s;
     names += (names.empty() ? "" : ", ") + s.name;

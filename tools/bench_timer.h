@@ -17,7 +17,8 @@ struct TimingOptions {
 };
 
 struct Timing {
-  Path path = Path::Cpu;
+  Path path = Path::Cpu;   // the path that ran (auto resolved by the plan)
+  bool auto_path = false;  // the cell asked for auto
   int32_t splits = 1;
   std::vector<double> seconds;  // sorted
   std::vector<bf16_bits> out;   // output of the last call, host copy

@@ -91,17 +91,19 @@ Timing time_decode_cuda(const Problem& pb, Path path, const TimingOptions& o) {
   cuda_check(cudaMemset(p.out, 0xFF, out_elems * 2), "poison out");
   p.path = path;
   p.stream = stream.s;
-  Timing t;
-  t.path = path;
   p.num_splits = o.splits;
-  t.splits = decode_num_splits(p);
-  p.num_splits = t.splits;
-  const size_t ws = decode_workspace_size(pb.tokens, pb.heads, t.splits);
+  // Planned once, as an engine plans a step (auto resolves to a path here).
+  const DecodePlan plan = plan_decode(p);
+  Timing t;
+  t.path = plan.path;
+  t.auto_path = path == Path::Auto;
+  t.splits = plan.num_splits;
+  const size_t ws = plan.workspace_bytes;
   void* workspace = arena.alloc<uint8_t>(ws);
   uint8_t* flush = arena.alloc<uint8_t>(static_cast<size_t>(o.flush_bytes));
-  for (int32_t i = 0; i < o.warmup; ++i) sparse_decode(p, workspace, ws);
+  for (int32_t i = 0; i < o.warmup; ++i) sparse_decode(p, plan, workspace, ws);
   cudaGraphExec_t exec =
-      o.graph ? capture_graph(stream.s, [&] { sparse_decode(p, workspace, ws); }) : nullptr;
+      o.graph ? capture_graph(stream.s, [&] { sparse_decode(p, plan, workspace, ws); }) : nullptr;
   for (int32_t i = 0; i < o.reps; ++i) {
 #ifdef SPARSEMLA_TIMELINE
     if (i + 1 == o.reps && timeline_kind(path)) timeline_kind(path)->clear(stream.s);
@@ -110,7 +112,7 @@ Timing time_decode_cuda(const Problem& pb, Path path, const TimingOptions& o) {
       if (exec)
         cuda_check(cudaGraphLaunch(exec, stream.s), "graph launch");
       else
-        sparse_decode(p, workspace, ws);
+        sparse_decode(p, plan, workspace, ws);
     }));
   }
   if (exec) cudaGraphExecDestroy(exec);

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -95,18 +96,21 @@ bool bench_cell(const BenchShape& shape, int64_t batch, const Problem& pb, Path 
   }
   const std::string verdict = verify_cell(pb, t, o.verify_max_batch, refs);
   const double med = t.median();
+  const std::string shown =
+      t.auto_path ? std::string("auto>") + path_name(t.path) : path_name(t.path);
   std::printf("%-13s %4d %5lld %8.1f %-12s %3d %10.2f %8.2f..%-8.2f %8.2f %8.1f %9.2f %5.1f%% %s\n",
               shape.name.c_str(), shape.heads, static_cast<long long>(batch),
-              static_cast<double>(pb.attended_keys) / pb.tokens, path_name(t.path), t.splits,
-              med * 1e6, t.quantile(0.1) * 1e6, t.quantile(0.9) * 1e6, flops / med * 1e-12,
-              bytes / med * 1e-9, floor_s * 1e6, 100.0 * floor_s / med, verdict.c_str());
+              static_cast<double>(pb.attended_keys) / pb.tokens, shown.c_str(), t.splits, med * 1e6,
+              t.quantile(0.1) * 1e6, t.quantile(0.9) * 1e6, flops / med * 1e-12, bytes / med * 1e-9,
+              floor_s * 1e6, 100.0 * floor_s / med, verdict.c_str());
   std::fflush(stdout);
   results.push_back({{"shape", shape.name},
                      {"heads", shape.heads},
                      {"batch", batch},
                      {"mtp", shape.mtp},
                      {"data", o.data},
-                     {"path", path_name(t.path)},
+                     {"path", t.auto_path ? "auto" : path_name(t.path)},
+                     {"ran", path_name(t.path)},
                      {"splits", t.splits},
                      {"median_us", med * 1e6},
                      {"p10_us", t.quantile(0.1) * 1e6},
@@ -117,6 +121,31 @@ bool bench_cell(const BenchShape& shape, int64_t batch, const Problem& pb, Path 
                      {"floor_fraction", floor_s / med},
                      {"verify", verdict}});
   return verdict != "FAIL";
+}
+
+// Per (shape, batch) timed with auto and both CUDA paths: auto's time over the faster path's (the
+// path rule auto_prefers_sm90 in plan.h is kept within 3% of the best; docs/PERF.md).
+void print_auto_vs_best(const nlohmann::json& results) {
+  std::map<std::pair<std::string, int64_t>, std::map<std::string, std::pair<double, std::string>>>
+      cells;
+  for (const auto& r : results) {
+    cells[{r["shape"].get<std::string>(), r["batch"].get<int64_t>()}][r["path"]] = {
+        r["median_us"].get<double>(), r["ran"].get<std::string>()};
+  }
+  bool header = false;
+  for (const auto& [key, paths] : cells) {
+    const auto a = paths.find("auto"), g = paths.find("cuda-generic"), s = paths.find("cuda-sm90");
+    if (a == paths.end() || g == paths.end() || s == paths.end()) continue;
+    if (!header) std::printf("\nauto vs best (auto's median / the faster path's):\n");
+    header = true;
+    const bool sm90_best = s->second.first < g->second.first;
+    const double best = sm90_best ? s->second.first : g->second.first;
+    const double ratio = a->second.first / best;
+    std::printf("auto vs best %-13s B=%-5lld auto>%-12s %8.2f us  best %-12s %8.2f us  %.3f%s\n",
+                key.first.c_str(), static_cast<long long>(key.second), a->second.second.c_str(),
+                a->second.first, sm90_best ? "cuda-sm90" : "cuda-generic", best, ratio,
+                ratio > 1.03 ? "  OVER 3%" : "");
+  }
 }
 
 int bench_main(const BenchOptions& o) {
@@ -161,6 +190,7 @@ int bench_main(const BenchOptions& o) {
       }
     }
   }
+  print_auto_vs_best(results);
   if (failures > 0) std::fprintf(stderr, "bench: %d cell(s) FAILED verification\n", failures);
   if (!o.json.empty()) std::ofstream(o.json) << results.dump(2) << "\n";
   return failures == 0 ? 0 : 3;
@@ -175,8 +205,9 @@ void register_bench(CLI::App& app) {
       ->delimiter(',');
   cmd->add_option("--batches", o.batches, "batch sizes")->delimiter(',');
   cmd->add_option("--paths", o.paths,
-                  "paths: cpu, cuda-generic, cuda-sm90 (default: GPU paths if a "
-                  "GPU is present, else cpu)")
+                  "paths: cpu, cuda-generic, cuda-sm90, auto (default: GPU paths if a "
+                  "GPU is present, else cpu; with auto and both CUDA paths an 'auto vs best' "
+                  "line per cell follows the table)")
       ->delimiter(',');
   cmd->add_option("--splits", o.splits,
                   "split counts S to time (0: the path's planner; default 0), e.g. 0,4,8,16")
