@@ -44,6 +44,11 @@ struct DecodeParams {
   float* lse = nullptr;          // [T, H] or null: log-sum-exp without the sink, +inf if no key
   int64_t lse_stride_token = 0;  // (0: H)
   int64_t lse_stride_head = 1;
+  // Rows in groups of lse_group (FlashMLA's lse [b, h, s_q]: lse_group = s_q, stride_group = h*s_q,
+  // stride_token = 1, stride_head = s_q): lse[t, h] lives at (t / g) * lse_stride_group +
+  // (t % g) * lse_stride_token + h * lse_stride_head. g = 1: t * lse_stride_token.
+  int32_t lse_group = 1;
+  int64_t lse_stride_group = 0;  // (0: lse_group * the token stride)
 
   // Provenance gate inputs (SPEC 5); the extra scrub is skipped only when the gate holds.
   bool extra_cache_sanitised = false;

@@ -1,4 +1,5 @@
 // Argument checks of the sparse decode (SPEC 4.1, 4.3, 4.6) and of the standalone inverse RoPE.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -80,6 +81,24 @@ int64_t token_stride(int64_t stride, int32_t H, int64_t row) {
   return stride != 0 ? stride : H * row;
 }
 
+// lse [T, H] in groups of g rows: each group a non-overlapping [g, H], groups one group apart.
+void check_lse_layout(const char* op, const DecodeParams& p) {
+  const int64_t T = p.num_tokens, st = token_stride(p.lse_stride_token, p.num_heads, 1);
+  const int32_t g = p.lse_group;
+  SPARSEMLA_CHECK_ARG(g >= 1, op, "lse_group", ">= 1", g);
+  if (g == 1) return check_write_strides(op, "lse_", T, p.num_heads, st, p.lse_stride_head, 1);
+  check_write_strides(op, "lse_", std::min<int64_t>(T, g), p.num_heads, st, p.lse_stride_head, 1);
+  const int64_t group_span =
+      span(std::min<int64_t>(T, g), st, span(p.num_heads, p.lse_stride_head, 1));
+  const int64_t sg = p.lse_stride_group != 0 ? p.lse_stride_group : g * st;
+  const int64_t groups = (T + g - 1) / g;
+  SPARSEMLA_CHECK_ARG(
+      groups <= 1 || sg >= group_span, op, "lse_stride_group",
+      ">= one group's extent " + std::to_string(group_span) + " (0: lse_group * lse_stride_token)",
+      p.lse_stride_group);
+  check_operand_extent(op, "lse_stride_", groups, 1, sg, 0, group_span);
+}
+
 // The dense form (FlashMLA's [T, W] indices + optional lengths, SPEC 4.6): W >= 1 (it is the
 // planner's width and every row's length bound), rows inside indices [0, capacity), rows_per_length
 // >= 1. Rows must not overlap (stride >= W) so that a row is exactly its W entries.
@@ -153,10 +172,7 @@ void validate_decode(const char* op, const DecodeParams& p, bool check_outputs) 
     check_aligned(op, "lse", p.lse);
     check_write_strides(op, "out_", T, H, token_stride(p.out_stride_token, H, kRow),
                         p.out_stride_head, kRow);
-    if (p.lse != nullptr) {
-      check_write_strides(op, "lse_", T, H, token_stride(p.lse_stride_token, H, 1),
-                          p.lse_stride_head, 1);
-    }
+    if (p.lse != nullptr) check_lse_layout(op, p);
   }
   check_cache(op, "main_cache", p.main_cache);
   check_list_shape(op, "main_list", p.main_list, T);

@@ -78,6 +78,14 @@ struct Job {
         lse_stride_token(params.lse_stride_token != 0 ? params.lse_stride_token
                                                       : params.num_heads) {}
 
+  // Offset of lse row t (DecodeParams::lse_group: rows in groups, FlashMLA's [b, h, s_q]).
+  int64_t lse_row(int64_t t) const {
+    if (p.lse_group == 1) return t * lse_stride_token;
+    const int64_t sg =
+        p.lse_stride_group != 0 ? p.lse_stride_group : p.lse_group * lse_stride_token;
+    return (t / p.lse_group) * sg + (t % p.lse_group) * lse_stride_token;
+  }
+
   // Splits that do work for row t (SPEC 4.5); all S without the adaptive rule.
   int32_t active_splits(int64_t len_main, int64_t len_extra) const {
     return adaptive ? adaptive_active_splits(len_main, len_extra, splits, one_wave) : splits;
@@ -257,7 +265,7 @@ void finish_row(const Job& job, int64_t t, int32_t h, const SplitSet& set) {
       const float ms = set.m[s * set.stride];
       if (ms != kNoMass) l_keys += std::exp(ms - m_keys) * set.l[s * set.stride];
     }
-    p.lse[t * job.lse_stride_token + h * p.lse_stride_head] =
+    p.lse[job.lse_row(t) + h * p.lse_stride_head] =
         l_keys == 0.0f ? std::numeric_limits<float>::infinity() : m_keys + std::log(l_keys);
   }
 

@@ -6,6 +6,7 @@
 // tests/gpu/test_gpu_dense_lists.cpp.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -236,6 +237,48 @@ TEST(DecodePlanCpu, ShapeErrorsNameTheShapeField) {
   EXPECT_EQ(plan.path, Path::Cpu);
   EXPECT_EQ(plan.workspace_bytes,
             plan.num_splits > 1 ? decode_workspace_size(4, 64, plan.num_splits) : size_t{0});
+}
+
+// FlashMLA's lse layout [b, h, s_q] written directly (lse_group = s_q): every value where the
+// contiguous [T, H] run puts it, nothing else written.
+TEST(DecodeLseGroupsCpu, FlashMlaLayoutWrittenInPlace) {
+  Rng rng(11);
+  constexpr int64_t T = 6;
+  constexpr int32_t kSq = 3;
+  const DecodeCase c(rng, two_segment_case(T));
+  const int32_t H = c.H;
+  std::vector<bf16_bits> out(c.out_elems());
+  std::vector<float> flat(static_cast<size_t>(T * H), nan_f32());
+  DecodeParams p = c.params(out.data(), flat.data());
+  p.lse_stride_token = H;
+  p.num_splits = 2;
+  std::vector<float> ws(decode_workspace_size(T, H, 2) / 4);
+  sparse_decode(p, ws.data(), ws.size() * 4);
+  std::vector<float> grouped(static_cast<size_t>(T * H) + 4, nan_f32());
+  p.lse = grouped.data();
+  p.lse_group = kSq;
+  p.lse_stride_token = 1;
+  p.lse_stride_head = kSq;
+  p.lse_stride_group = int64_t{H} * kSq;
+  sparse_decode(p, ws.data(), ws.size() * 4);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int32_t h = 0; h < H; ++h) {
+      const float want = flat[t * H + h];
+      const float got = grouped[(t / kSq) * H * kSq + h * kSq + t % kSq];
+      EXPECT_EQ(std::memcmp(&want, &got, 4), 0) << "t=" << t << " h=" << h;
+    }
+  }
+  for (size_t i = static_cast<size_t>(T * H); i < grouped.size(); ++i) {
+    EXPECT_TRUE(std::isnan(grouped[i])) << "written past the lse groups at " << i;
+  }
+  p.lse_stride_group = int64_t{H} * kSq - 1;  // groups overlap
+  try {
+    sparse_decode(p, ws.data(), ws.size() * 4);
+    ADD_FAILURE() << "accepted overlapping lse groups";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("argument 'lse_stride_group'"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

@@ -1429,5 +1429,51 @@ TEST_P(GpuDecode, PlanInGraphReplaysWithChangingDenseLengths) {
   cudaStreamDestroy(stream);
 }
 
+// FlashMLA's lse layout [b, h, s_q] written directly by the kernels (lse_group = s_q): the values
+// of the contiguous [T, H] layout, nothing written past the groups; one split and several.
+TEST_P(GpuDecode, LseGroupsWriteFlashMlaLayoutInPlace) {
+  Rng rng(fresh_seed());
+  constexpr int64_t T = 6;
+  constexpr int32_t kSq = 2;
+  for (const int32_t H : {16, 64}) {
+    const DecodeCase c = make_case(rng, dense_case(T, H), /*contiguous=*/true);
+    const DeviceCase d(c);
+    for (const int32_t splits : {1, 3}) {
+      SCOPED_TRACE("H=" + std::to_string(H) + " S=" + std::to_string(splits));
+      std::vector<float> flat(static_cast<size_t>(T * H)), grouped(static_cast<size_t>(T * H) + 8);
+      DeviceBuffer out(c.out_elems() * 2), lse_flat(flat.size() * 4),
+          lse_grouped(grouped.size() * 4);
+      lse_flat.fill(0xFF);
+      lse_grouped.fill(0xFF);
+      DecodeParams p = d.params(c, out.as<bf16_bits>(), lse_flat.as<float>());
+      p.num_splits = splits;
+      p.lse_stride_token = H;
+      const DecodePlan plan = plan_decode(p);
+      DeviceBuffer ws(plan.workspace_bytes);
+      sparse_decode(p, plan, ws.get(), plan.workspace_bytes);
+      p.lse = lse_grouped.as<float>();
+      p.lse_group = kSq;
+      p.lse_stride_token = 1;
+      p.lse_stride_head = kSq;
+      p.lse_stride_group = int64_t{H} * kSq;
+      sparse_decode(p, plan, ws.get(), plan.workspace_bytes);
+      cuda_ok(cudaDeviceSynchronize(), "decode");
+      from_device(lse_flat, flat);
+      from_device(lse_grouped, grouped);
+      int64_t wrong = 0;
+      for (int64_t t = 0; t < T; ++t) {
+        for (int32_t h = 0; h < H; ++h) {
+          wrong += float_bits(flat[t * H + h]) !=
+                   float_bits(grouped[(t / kSq) * H * kSq + h * kSq + t % kSq]);
+        }
+      }
+      EXPECT_EQ(wrong, 0);
+      for (size_t i = static_cast<size_t>(T * H); i < grouped.size(); ++i) {
+        EXPECT_TRUE(std::isnan(grouped[i])) << "written past the lse groups at " << i;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace sparsemla::test::gpu

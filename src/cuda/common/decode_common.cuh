@@ -69,6 +69,8 @@ struct FinishParams {
   float* lse;                 // [T, H] or null
   int64_t lse_stride_token;
   int64_t lse_stride_head;
+  int64_t lse_stride_group;  // rows in groups of lse_group (DecodeParams::lse_group)
+  int32_t lse_group;
 };
 
 inline constexpr float kNoScore = -FLT_MAX;  // score of invalid keys, m of an inactive split
@@ -501,7 +503,11 @@ __device__ __forceinline__ void store_out_pair(const FinishParams& f, int64_t t,
 }
 
 __device__ __forceinline__ void store_lse(const FinishParams& f, int64_t t, int32_t h, float v) {
-  if (f.lse != nullptr) f.lse[t * f.lse_stride_token + h * f.lse_stride_head] = v;
+  if (f.lse == nullptr) return;
+  const int64_t row = f.lse_group == 1 ? t * f.lse_stride_token
+                                       : (t / f.lse_group) * f.lse_stride_group +
+                                             (t % f.lse_group) * f.lse_stride_token;
+  f.lse[row + h * f.lse_stride_head] = v;
 }
 
 }  // namespace sparsemla::cuda

@@ -260,6 +260,9 @@ FinishParams finish_params(const DecodeParams& p) {
   f.lse = p.lse;
   f.lse_stride_token = p.lse_stride_token != 0 ? p.lse_stride_token : p.num_heads;
   f.lse_stride_head = p.lse_stride_head;
+  f.lse_group = p.lse_group;
+  f.lse_stride_group =
+      p.lse_stride_group != 0 ? p.lse_stride_group : p.lse_group * f.lse_stride_token;
   return f;
 }
 
