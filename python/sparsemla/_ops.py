@@ -24,7 +24,6 @@ Conventions (every function):
 """
 
 import contextlib
-import os
 import sys
 
 import numpy as np
@@ -43,6 +42,14 @@ _TORCH = None
 def _use_ops(x):
     """True when x is a torch tensor and the torch custom ops exist (traceable by dynamo)."""
     return _TORCH is not None and isinstance(x, _TORCH.Tensor)
+
+
+def _dispatch(op, raw, like, args):
+    """Runs torch.ops.sparsemla.<op>(*args) when `like` is a torch tensor, else raw(*args)."""
+    if _use_ops(like):
+        getattr(_TORCH.ops.sparsemla, op)(*args)
+    else:
+        raw(*args)
 
 
 # ---- the raw layer: arrays -> _C --------------------------------------------------------------------
@@ -215,10 +222,7 @@ def inverse_rope(x, positions, rope, *, path="auto"):
     ``c, s = rope[positions[t]]`` in fp32, rounded once to bf16; NoPE dims untouched.
     positions: int64 ``[T]`` in ``[0, P)``; rope: fp32 ``[P, 64]``. Returns x.
     """
-    if _use_ops(x):
-        _TORCH.ops.sparsemla.inverse_rope(x, positions, rope, path)
-    else:
-        _r_inverse_rope(x, positions, rope, path)
+    _dispatch("inverse_rope", _r_inverse_rope, x, (x, positions, rope, path))
     return x
 
 
@@ -241,10 +245,7 @@ def write_window(kv, positions, slots, rope, cache, *, block_size=None, sanitise
     Returns cache.
     """
     args = (kv, positions, slots, rope, cache, _bs(block_size), bool(sanitise), path)
-    if _use_ops(cache):
-        _TORCH.ops.sparsemla.write_window(*args)
-    else:
-        _r_write_window(*args)
+    _dispatch("write_window", _r_write_window, cache, args)
     return cache
 
 
@@ -267,10 +268,7 @@ def write_compressor_state(kv, score, positions, state_slots, state, *, ratio=4,
     Returns state.
     """
     args = (kv, score, ape, positions, state_slots, state, int(ratio), int(head_dim), path)
-    if _use_ops(state):
-        _TORCH.ops.sparsemla.write_compressor_state(*args)
-    else:
-        _r_write_compressor_state(*args)
+    _dispatch("write_compressor_state", _r_write_compressor_state, state, args)
     return state
 
 
@@ -304,10 +302,7 @@ def compress(positions, request_index, state_slots, out_slots, state_block_table
         scratch = _empty(positions, (positions.shape[0], 512), "float32")
     args = (positions, request_index, state_slots, out_slots, state_block_table, state, norm_weight,
             rope, cache, _bs(block_size), int(ratio), float(norm_eps), bool(sanitise), scratch, path)
-    if _use_ops(cache):
-        _TORCH.ops.sparsemla.compress(*args)
-    else:
-        _r_compress(*args)
+    _dispatch("compress", _r_compress, cache, args)
     return cache
 
 
@@ -334,10 +329,7 @@ def compress_indexer(positions, request_index, state_slots, out_slots, state_blo
         scratch = _empty(positions, (positions.shape[0], 128), "float32")
     args = (positions, request_index, state_slots, out_slots, state_block_table, state, norm_weight,
             rope, cache, _bs(block_size), float(norm_eps), bool(sanitise), scratch, path)
-    if _use_ops(cache):
-        _TORCH.ops.sparsemla.compress_indexer(*args)
-    else:
-        _r_compress_indexer(*args)
+    _dispatch("compress_indexer", _r_compress_indexer, cache, args)
     return cache
 
 
@@ -370,10 +362,7 @@ def gather_indexer_keys(token_to_seq, cu_seqlen, block_table, cache, *, block_si
         k_scale = _zeros(token_to_seq, (n,), "float32")
     args = (token_to_seq, cu_seqlen, block_table, cache, _bs(block_size), layout, k_fp8, k_scale,
             path)
-    if _use_ops(k_scale):
-        _TORCH.ops.sparsemla.gather_indexer_keys(*args)
-    else:
-        _r_gather_indexer_keys(*args)
+    _dispatch("gather_indexer_keys", _r_gather_indexer_keys, k_scale, args)
     return k_fp8, k_scale
 
 
@@ -415,10 +404,7 @@ def build_ragged_from_dense(dense, lengths, *, request_index=None, num_slots=0, 
     r, w = dense.shape
     out_indices, out_indptr = _outs(out, dense, r, w)
     args = (dense, lengths, request_index, int(num_slots), row_valid, out_indices, out_indptr, path)
-    if _use_ops(out_indptr):
-        _TORCH.ops.sparsemla.build_ragged_from_dense(*args)
-    else:
-        _r_build_ragged_from_dense(*args)
+    _dispatch("build_ragged_from_dense", _r_build_ragged_from_dense, out_indptr, args)
     return out_indices, out_indptr
 
 
@@ -447,10 +433,7 @@ def build_window_lists(positions, block_table, block_size, *, request_index=None
     out_indices, out_indptr = _outs(out, positions, r, width)
     args = (positions, request_index, block_table, int(block_size), int(window), width, row_valid,
             out_indices, out_indptr, path)
-    if _use_ops(out_indptr):
-        _TORCH.ops.sparsemla.build_window_lists(*args)
-    else:
-        _r_build_window_lists(*args)
+    _dispatch("build_window_lists", _r_build_window_lists, out_indptr, args)
     return out_indices, out_indptr
 
 
@@ -479,10 +462,7 @@ def build_topk_lists(topk, block_table, block_size, *, topk_length=None, request
     out_indices, out_indptr = _outs(out, topk, r, w)
     args = (topk, topk_length, request_index, block_table, int(block_size), row_valid, out_indices,
             out_indptr, path)
-    if _use_ops(out_indptr):
-        _TORCH.ops.sparsemla.build_topk_lists(*args)
-    else:
-        _r_build_topk_lists(*args)
+    _dispatch("build_topk_lists", _r_build_topk_lists, out_indptr, args)
     return out_indices, out_indptr
 
 
@@ -510,10 +490,7 @@ def build_compressed_all_lists(positions, block_table, block_size, max_compresse
     out_indices, out_indptr = _outs(out, positions, r, width)
     args = (positions, request_index, block_table, int(block_size), int(ratio), int(max_compressed),
             width, row_valid, out_indices, out_indptr, path)
-    if _use_ops(out_indptr):
-        _TORCH.ops.sparsemla.build_compressed_all_lists(*args)
-    else:
-        _r_build_compressed_all_lists(*args)
+    _dispatch("build_compressed_all_lists", _r_build_compressed_all_lists, out_indptr, args)
     return out_indices, out_indptr
 
 
@@ -583,199 +560,212 @@ def select_gpu_path(cc_major, cc_minor, have_sm90a_kernels, caches_fast_aligned,
 
 
 # ---- decode ------------------------------------------------------------------------------------------------
-def _decode_args(q, main_cache, main_block_size, main_indices, main_indptr, main_width, extra_cache,
-                 extra_block_size, extra_indices, extra_indptr, extra_width, sink, scale, positions,
-                 rope, num_splits, num_sms, adaptive_splits, extra_cache_sanitised, kv_connector,
-                 path, out, lse, deterministic=False):
-    a = _C.DecodeArgs()
-    a.q = _dl("q", q)
-    a.main_cache = _dl("main_cache", main_cache)
-    a.main_indices = _dl("main_indices", main_indices)
-    a.main_indptr = _dl("main_indptr", main_indptr)
-    a.main_block_size = main_block_size
-    a.main_width = main_width
-    for name, value in (("extra_cache", extra_cache), ("extra_indices", extra_indices),
-                        ("extra_indptr", extra_indptr), ("sink", sink), ("positions", positions),
-                        ("rope", rope), ("out", out), ("lse", lse)):
-        if value is not None:
-            setattr(a, name, _dl(name, value))
-    a.extra_block_size = extra_block_size
-    a.extra_width = extra_width
-    a.scale = DEFAULT_SCALE if scale is None else float(scale)
-    a.num_splits = num_splits
-    a.num_sms = num_sms
-    a.adaptive_splits = adaptive_splits
-    a.deterministic = deterministic
-    a.extra_cache_sanitised = extra_cache_sanitised
-    a.kv_connector = kv_connector
-    a.path = path
-    a.stream = _stream(q)
-    return a
+# The decode's arrays and integer options, in the order _C.DecodeArgs and the torch ops take them
+# (the binding defines both lists), and every keyword of sparse_decode with its default.
+_DECODE_INPUTS = tuple(_C.DECODE_INPUTS)
+_DECODE_CONFIG = tuple(name for name, _ in _C.DECODE_CONFIG)
+_DECODE_KW = {**dict.fromkeys(_DECODE_INPUTS[4:]), **dict(_C.DECODE_CONFIG), "scale": None,
+              "path": "auto", "plan": None, "out": None, "lse": None, "workspace": None,
+              "return_lse": False}
 
 
-def _planner_splits(planner, q, main_indices, main_width, extra_indices, extra_width, num_sms,
-                    deterministic=False):
-    """S from a named planner: widths = the lists' dense widths (capacity / T when not given), CU =
-    num_sms, else the GPU's multiprocessors, else the CPU count. Deterministic: planned for T = 1
-    (the C++ rule, DecodeParams::deterministic), so S does not depend on the batch."""
-    t, h = q.shape[0], q.shape[1]
-    if t == 0:
-        return 1
-    wm = main_width or main_indices.shape[0] // t
-    we = 0 if extra_indices is None else (extra_width or extra_indices.shape[0] // t)
-    cu = num_sms
-    if cu <= 0:
-        if _is_tensor(q) and q.is_cuda:
-            cu = _torch_mod().cuda.get_device_properties(q.device).multi_processor_count
-        else:
-            cu = os.cpu_count() or 1
-    return _C.plan(planner, 1 if deterministic else t, h, wm, we, cu)
+class DecodePlan:
+    """A decode plan (C++ ``sparsemla::DecodePlan``, made by :func:`plan_decode`): what a call
+    decides before it launches, from shapes and placement only. Read-only fields: ``path``
+    (``"cpu"``, ``"cuda-generic"``, ``"cuda-sm90"``), ``num_splits``, ``num_sms``,
+    ``adaptive_splits``, ``one_wave``, ``fused_combine``, ``head_blocks_per_cta``,
+    ``workspace_bytes`` and ``shape`` (what it was planned for: ``num_tokens``, ``num_heads``,
+    ``width_main``, ``width_extra``, ``has_extra``, ``device``, ``caches_aligned``, ``path``,
+    ``num_splits``, ``adaptive_splits``, ``deterministic``, ``num_sms``). ``packed``: the plan as
+    a tuple of ints, the form torch ops, compiled graphs and CUDA graphs carry."""
+
+    def __init__(self, plan):
+        self.__dict__.update(_plan=plan, packed=tuple(plan.packed))
+
+    def __getattr__(self, name):
+        plan = self.__dict__.get("_plan")
+        if plan is None or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(plan, name)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"sparsemla.DecodePlan: '{name}' is read-only")
+
+    def __eq__(self, other):
+        return isinstance(other, DecodePlan) and other.packed == self.packed
+
+    def __hash__(self):
+        return hash(self.packed)
+
+    def __repr__(self):
+        s = self.shape
+        return (f"DecodePlan(path='{self.path}', num_splits={self.num_splits}, workspace_bytes="
+                f"{self.workspace_bytes}; T={s.num_tokens}, H={s.num_heads}, widths {s.width_main}"
+                f"{f' + {s.width_extra}' if s.has_extra else ''}, device {s.device})")
+
+
+def _cuda_available():
+    torch = _torch_mod()
+    return torch is not None and torch.cuda.is_available()
+
+
+def _device_ordinal(device):
+    """-1 (host data) or the CUDA ordinal of "cpu", "cuda[:N]", a torch.device, an int, or an
+    array / tensor (its device)."""
+    if isinstance(device, int):
+        return device
+    text = str(getattr(device, "device", device))
+    if text == "cpu" or text.startswith("cuda:"):
+        return -1 if text == "cpu" else int(text[5:])
+    if text == "cuda":
+        return _torch_mod().cuda.current_device() if _cuda_available() else 0
+    raise Error(f"sparsemla::plan_decode: argument 'device': expected 'cpu', 'cuda[:N]', a "
+                f"torch.device, a CUDA ordinal or an array, got {device!r}")
+
+
+def plan_decode(num_tokens, num_heads, width_main, width_extra=0, *, has_extra=None, device="cpu",
+                path="auto", num_splits=0, adaptive_splits=False, deterministic=False, num_sms=0,
+                caches_aligned=True):
+    """Plans decodes of one shape (SPEC 4.4): an engine plans once per step and runs every layer of
+    that shape with ``sparse_decode(..., plan=plan)``, which then plans nothing. Returns a
+    :class:`DecodePlan`.
+
+    width_main / width_extra: the lists' dense widths W (a dense list's ``shape[1]``, a builder's
+    W, a ragged list's main_width or capacity // T); width_extra 0: a window-only layer (unless
+    has_extra=True). device: where the data lives (``"cpu"``, ``"cuda[:N]"``, a torch.device, an
+    ordinal or an array); caches_aligned: both caches' base and page stride 16-byte aligned (sm90
+    needs it). path, num_splits, adaptive_splits, deterministic, num_sms: as for sparse_decode.
+    """
+    has_extra = int(width_extra) > 0 if has_extra is None else bool(has_extra)
+    ordinal = _device_ordinal(device)
+    guard = (_torch_mod().cuda.device(ordinal) if ordinal >= 0 and _cuda_available()
+             else contextlib.nullcontext())
+    with guard:  # the C++ planner plans for the current CUDA device
+        return DecodePlan(_C.plan_decode(int(num_tokens), int(num_heads), int(width_main),
+                                         int(width_extra), has_extra, ordinal,
+                                         bool(caches_aligned), path, int(num_splits),
+                                         bool(adaptive_splits), bool(deterministic), int(num_sms)))
+
+
+def _decode_call(q, main_cache, main_indices, main_indptr, kw):
+    """(inputs, config, scale, path, plan, k) of a call: its arrays in _DECODE_INPUTS order, its
+    integer options in _DECODE_CONFIG order, the plan's integers (or None) and every keyword."""
+    for name in kw:
+        if name not in _DECODE_KW:
+            raise TypeError(f"sparsemla.sparse_decode: unexpected keyword argument '{name}'")
+    k = dict(_DECODE_KW)
+    k.update(kw)
+    inputs = [q, main_cache, main_indices, main_indptr] + [k[n] for n in _DECODE_INPUTS[4:]]
+    config = [0 if k[n] is None else int(k[n]) for n in _DECODE_CONFIG]
+    scale = DEFAULT_SCALE if k["scale"] is None else float(k["scale"])
+    plan = k["plan"]
+    if plan is not None and not isinstance(plan, DecodePlan):
+        raise Error(f"sparsemla::sparse_decode: argument 'plan': expected a sparsemla.DecodePlan "
+                    f"(plan_decode), got {type(plan).__name__}")
+    return inputs, config, scale, k["path"], None if plan is None else list(plan.packed), k
+
+
+def _args(inputs, config, scale, path, plan):
+    """The _C.DecodeArgs of a call (call it under _guard(q))."""
+    return _C.DecodeArgs([_dl(n, x) for n, x in zip(_DECODE_INPUTS, inputs)], config, scale, path,
+                         plan, _stream(inputs[0]))
 
 
 def _alloc_like(like):
+    """The workspace allocator of a call on `like`'s device (CUDA: DLPack capsules)."""
+    torch = _torch_mod()
     if _is_tensor(like) and like.is_cuda:
-        torch = _torch_mod()
-        return lambda nbytes: torch.empty(nbytes, dtype=torch.uint8,
-                                          device=like.device).__dlpack__(stream=-1)
+        return lambda n: torch.empty(n, dtype=torch.uint8, device=like.device).__dlpack__(stream=-1)
     if _is_tensor(like):
-        torch = _torch_mod()
-        return lambda nbytes: torch.empty(nbytes, dtype=torch.uint8)
-    return lambda nbytes: np.empty(nbytes, dtype=np.uint8)
+        return lambda n: torch.empty(n, dtype=torch.uint8)
+    return lambda n: np.empty(n, dtype=np.uint8)
 
 
-def _resolve_splits(num_splits, planner, q, main_indices, main_width, extra_indices, extra_width,
-                    num_sms, deterministic=False):
-    if num_splits or planner in ("auto", "generic"):
-        return num_splits
-    if planner not in ("specialised", "sm90-tuned"):
-        raise Error(f"sparsemla::sparse_decode: argument 'planner': expected 'auto', 'generic', "
-                    f"'specialised' or 'sm90-tuned', got '{planner}'")
-    return _planner_splits(planner, q, main_indices, main_width, extra_indices, extra_width,
-                           num_sms, deterministic)
-
-
-def _r_sparse_decode_out(q, main_cache, main_block_size, main_indices, main_indptr, main_width,
-                         extra_cache, extra_block_size, extra_indices, extra_indptr, extra_width,
-                         sink, scale, positions, rope, num_splits, planner, num_sms,
-                         adaptive_splits, extra_cache_sanitised, kv_connector, path, out, lse,
-                         workspace, deterministic=False):
+def _r_sparse_decode(inputs, out, lse, workspace, config, scale, path, plan):
+    q = inputs[0]
     with _guard(q):
-        splits = _resolve_splits(num_splits, planner, q, main_indices, main_width, extra_indices,
-                                 extra_width, num_sms, deterministic)
-        a = _decode_args(q, main_cache, main_block_size, main_indices, main_indptr, main_width,
-                         extra_cache, extra_block_size, extra_indices, extra_indptr, extra_width,
-                         sink, scale, positions, rope, splits, num_sms, adaptive_splits,
-                         extra_cache_sanitised, kv_connector, path, out, lse, deterministic)
-        _C.sparse_decode(a, _dl("workspace", workspace), _alloc_like(q))
+        _C.sparse_decode(_args(inputs, config, scale, path, plan), _dl("out", out), _dl("lse", lse),
+                         _dl("workspace", workspace), _alloc_like(q))
 
 
-def sparse_decode(q, main_cache, main_indices, main_indptr, *, main_block_size=None, main_width=0,
-                  extra_cache=None, extra_indices=None, extra_indptr=None, extra_block_size=None,
-                  extra_width=0, sink=None, scale=None, positions=None, rope=None, num_splits=0,
-                  planner="auto", num_sms=0, adaptive_splits=False, trust_extra_nan_free=False,
-                  kv_connector=False, path="auto", out=None, lse=None, workspace=None,
-                  return_lse=False, deterministic=False):
+def sparse_decode(q, main_cache, main_indices, main_indptr=None, **kwargs):
     """Sparse MLA decode against FP8 paged caches (SPEC 4): one softmax over the main and extra lists.
 
     q: bf16 ``[T, H, 512]`` (H in 1..128; last dim contiguous, other strides free).
     main_cache: uint8 paged fp8_ds_mla cache (the window cache; block_size from ``shape[1]`` of a
-    >= 3-D cache, else ``main_block_size``). main_indices int32 ``[cap]`` + main_indptr int32
-    ``[>= T+1]``: ragged list, row t = ``indices[indptr[t]:indptr[t+1]]`` global slot ids (-1 or
-    any out-of-range value: skipped). main_width: the list's dense row width W for the planner
-    (0: cap // T). extra_*: the same for the compressed cache (ratio-4 top-k or ratio-128 lists),
-    or None for window-only layers.
-    sink: fp32 ``[H]`` attention sink in natural-log units (-inf: no effect, +inf: zero output) or
-    None; scale: softmax scale (default ``512**-0.5``).
-    positions int64 ``[T]`` + rope fp32 ``[P, 64]``: fused inverse RoPE of output dims 448..511 at
-    each query's position (both or neither).
-    num_splits: split-K count S in 1..32, or 0 with ``planner``: ``"auto"``/``"generic"`` (the
-    path's planner), ``"specialised"`` (plan_specialised_ref) or ``"sm90-tuned"``; num_sms: CU for
-    the planner (0: the device's). adaptive_splits: SPEC 4.5 (specialised path).
-    deterministic: a row's out and lse are bitwise identical across runs and whatever its
-    batchmates: with num_splits 0 S is planned as if T = 1 and the adaptive rule is off (give
-    main_width / extra_width and num_sms for the same bits across batch sizes and machines).
-    trust_extra_nan_free: the caller asserts every reachable extra row was written by this
-    library's compressor in sanitising mode (``extra_cache_sanitised``; with the specialised path
-    and no kv_connector the extra cache's NaN scrub is skipped, SPEC 5).
-    out: bf16 ``[T, H, 512]`` written in place (else allocated); lse: fp32 ``[T, H]`` written in
-    place: natural-log log-sum-exp of the scaled scores without the sink, +inf for a row without
-    a valid key; workspace: contiguous buffer of >= :func:`workspace_size` bytes (allocated when
-    needed and None). Rows without keys, or with a +inf sink, give exact 0.
-    Returns out, or ``(out, lse)`` when ``return_lse`` or lse is given.
+    >= 3-D cache, else ``main_block_size``). The main list (SPEC 4.6; global slot ids, -1 or any
+    out-of-range value skipped) is ragged, main_indices int32 ``[cap]`` + main_indptr int32
+    ``[>= T+1]`` (row t = ``indices[indptr[t]:indptr[t+1]]``; main_width: W for the planner, 0:
+    cap // T), or dense (main_indptr None; FlashMLA's form, read directly): main_indices int32
+    ``[T, W]`` (rows may be strided), row t = its first ``clamp(main_lengths[t //
+    main_rows_per_length], 0, W)`` entries (main_lengths int32 per row ``[T]``, or per request
+    ``[b]`` with main_rows_per_length = s_q; None: W). extra_*: the same for the compressed cache
+    (ratio-4 top-k or ratio-128 lists), or None for window-only layers.
+    sink: fp32 ``[H]`` in natural-log units (-inf: no effect, +inf: zero output) or None; scale:
+    default ``512**-0.5``. positions int64 ``[T]`` + rope fp32 ``[P, 64]``: fused inverse RoPE of
+    output dims 448..511 at each query's position (both or neither).
+    plan: a :class:`DecodePlan` of this shape (:func:`plan_decode`): the call plans nothing and
+    takes num_splits, num_sms, adaptive_splits, deterministic and path from it (give none of
+    them); a call of another shape raises naming the field. Without one the call plans itself
+    from them: num_splits S in 1..32 (0: the path's planner), num_sms CU (0: the device's),
+    adaptive_splits (SPEC 4.5, sm90 path), deterministic (a row's out and lse bits do not depend
+    on its batchmates: S planned as if T = 1, no adaptive rule), path.
+    extra_cache_sanitised: every reachable extra row was written by this library's compressor in
+    sanitising mode (the sm90 path without kv_connector then skips the extra scrub, SPEC 5).
+    out: bf16 ``[T, H, 512]`` and lse: fp32 ``[T, H]`` (any strides) written in place (else
+    allocated): lse is the natural-log log-sum-exp of the scaled scores without the sink, +inf for
+    a row without a valid key (whose output is exact 0); workspace: contiguous, >= the plan's
+    ``workspace_bytes`` (allocated when needed and None). Returns out, or ``(out, lse)`` when
+    ``return_lse`` or lse is given.
     """
-    t, h = q.shape[0], q.shape[1]
-    want_lse = return_lse or lse is not None
+    inputs, config, scale, path, plan, k = _decode_call(q, main_cache, main_indices, main_indptr,
+                                                        kwargs)
+    out, lse = k["out"], k["lse"]
+    want_lse = k["return_lse"] or lse is not None
     if out is None:
-        out = _empty(q, (t, h, 512), "like")
+        out = _empty(q, (q.shape[0], q.shape[1], 512), "like")
     if want_lse and lse is None:
-        lse = _empty(q, (t, h), "float32")
-    args = (q, main_cache, _bs(main_block_size), main_indices, main_indptr, int(main_width),
-            extra_cache, _bs(extra_block_size), extra_indices, extra_indptr, int(extra_width), sink,
-            DEFAULT_SCALE if scale is None else float(scale), positions, rope, int(num_splits),
-            planner, int(num_sms), bool(adaptive_splits), bool(trust_extra_nan_free),
-            bool(kv_connector), path, out, lse, workspace, bool(deterministic))
-    if _use_ops(q):
-        _TORCH.ops.sparsemla.sparse_decode_out(*args)
-    else:
-        _r_sparse_decode_out(*args)
+        lse = _empty(q, (q.shape[0], q.shape[1]), "float32")
+    args = (inputs, out, lse, k["workspace"], config, scale, path, plan)
+    _dispatch("sparse_decode_out", _r_sparse_decode, q, args)
     return (out, lse) if want_lse else out
 
 
-def _query_args(q, main_cache, main_indices, main_indptr, main_block_size, main_width, extra_cache,
-                extra_indices, extra_indptr, extra_block_size, extra_width, sink, scale, positions,
-                rope, num_splits, planner, num_sms, adaptive_splits, trust_extra_nan_free,
-                kv_connector, path, out, lse, deterministic):
-    splits = _resolve_splits(int(num_splits), planner, q, main_indices, int(main_width),
-                             extra_indices, int(extra_width), int(num_sms), bool(deterministic))
-    return _decode_args(q, main_cache, _bs(main_block_size), main_indices, main_indptr,
-                        int(main_width), extra_cache, _bs(extra_block_size), extra_indices,
-                        extra_indptr, int(extra_width), sink, scale, positions, rope, splits,
-                        int(num_sms), bool(adaptive_splits), bool(trust_extra_nan_free),
-                        bool(kv_connector), path, out, lse, bool(deterministic))
-
-
-_QUERY_DEFAULTS = dict(main_block_size=None, main_width=0, extra_cache=None, extra_indices=None,
-                       extra_indptr=None, extra_block_size=None, extra_width=0, sink=None,
-                       scale=None, positions=None, rope=None, num_splits=0, planner="auto",
-                       num_sms=0, adaptive_splits=False, trust_extra_nan_free=False,
-                       kv_connector=False, path="auto", out=None, lse=None, deterministic=False)
-
-
 def _query(q, main_cache, main_indices, main_indptr, kwargs):
-    unknown = set(kwargs) - set(_QUERY_DEFAULTS) - {"workspace", "return_lse"}
-    if unknown:
-        raise TypeError(f"sparsemla: unexpected keyword argument(s) {sorted(unknown)}")
-    k = dict(_QUERY_DEFAULTS)
-    k.update({n: v for n, v in kwargs.items() if n in _QUERY_DEFAULTS})
-    return _query_args(q, main_cache, main_indices, main_indptr, **k)
+    """(_C.DecodeArgs, keywords) of a call that runs nothing (call it under _guard(q))."""
+    inputs, config, scale, path, plan, k = _decode_call(q, main_cache, main_indices, main_indptr,
+                                                        kwargs)
+    return _args(inputs, config, scale, path, plan), k
 
 
-def unsupported_reason(q, main_cache, main_indices, main_indptr, **kwargs):
+def plan_decode_for(q, main_cache, main_indices, main_indptr=None, **kwargs):
+    """The :class:`DecodePlan` that :func:`sparse_decode` with these arguments makes (its shape
+    and placement read from the arrays); runs nothing."""
+    with _guard(q):
+        return DecodePlan(_C.plan_call(_query(q, main_cache, main_indices, main_indptr, kwargs)[0]))
+
+
+def decode_num_splits(q, main_cache, main_indices, main_indptr=None, **kwargs):
+    """The split count S that :func:`sparse_decode` with these arguments uses:
+    ``plan_decode_for(...).num_splits``."""
+    return plan_decode_for(q, main_cache, main_indices, main_indptr, **kwargs).num_splits
+
+
+def unsupported_reason(q, main_cache, main_indices, main_indptr=None, **kwargs):
     """Why :func:`sparse_decode` with these arguments would fail (the full validation message), or
     None when it is supported. Takes the arguments of sparse_decode; runs nothing."""
     with _guard(q):
-        a = _query(q, main_cache, main_indices, main_indptr, kwargs)
-        return _C.decode_unsupported(a, kwargs.get("out") is not None)
+        a, k = _query(q, main_cache, main_indices, main_indptr, kwargs)
+        return _C.decode_unsupported(a, _dl("out", k["out"]), _dl("lse", k["lse"]))
 
 
-def is_supported(q, main_cache, main_indices, main_indptr, **kwargs):
+def is_supported(q, main_cache, main_indices, main_indptr=None, **kwargs):
     """True when :func:`sparse_decode` can run with these arguments (see unsupported_reason)."""
     return unsupported_reason(q, main_cache, main_indices, main_indptr, **kwargs) is None
 
 
-def decode_num_splits(q, main_cache, main_indices, main_indptr, **kwargs):
-    """The split count S that :func:`sparse_decode` with these arguments uses."""
-    with _guard(q):
-        return _C.decode_num_splits(_query(q, main_cache, main_indices, main_indptr, kwargs))
-
-
-def workspace_size(num_tokens, num_heads, num_splits):
-    """Workspace bytes of a decode with S splits: ``T*S*H*(2+512)*4`` (m, l and acc partials)."""
-    return _C.decode_workspace_size(int(num_tokens), int(num_heads), int(num_splits))
-
-
-def sparse_decode_reference(q, main_cache, main_indices, main_indptr, *, return_abs_mean=False,
-                            **kwargs):
+def sparse_decode_reference(q, main_cache, main_indices, main_indptr=None, *,
+                            return_abs_mean=False, **kwargs):
     """float64 reference of :func:`sparse_decode` on the dequantised cache (CPU arrays), with the
     kernels' scrub decisions and no bf16 rounding of probabilities. Same arguments (out, lse,
     workspace ignored). Returns ``(out float64 [T, H, 512], lse float64 [T, H])``, and with
@@ -784,7 +774,7 @@ def sparse_decode_reference(q, main_cache, main_indices, main_indptr, *, return_
     sum_i p_i`` over the row's valid keys (the keys' softmax, without the sink; on the dims rotated
     by a fused inverse RoPE, ``|c| A_a + |s| A_b`` of the pair), 0 for a row without keys."""
     kwargs = {k: v for k, v in kwargs.items() if k not in ("out", "lse", "workspace", "return_lse")}
-    a = _query(q, main_cache, main_indices, main_indptr, kwargs)
+    a, _ = _query(q, main_cache, main_indices, main_indptr, kwargs)
     t, h = q.shape[0], q.shape[1]
     out = np.zeros((t, h, 512), dtype=np.float64)
     lse = np.zeros((t, h), dtype=np.float64)

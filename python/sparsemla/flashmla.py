@@ -6,27 +6,42 @@ decode can import these two names from here instead::
     from sparsemla.flashmla import flash_mla_with_kvcache, get_mla_metadata
 
 Semantics follow FlashMLA's sparse FP8 decode (SPEC 4.3a), with two relaxations: any h_q in 1..128
-and any top-k width are accepted. Scheduling metadata is not needed (the split count is planned
-per call from shapes only), so ``get_mla_metadata`` returns an inert object and ``block_table``,
-``cache_seqlens``, ``num_splits`` and ``causal`` are ignored. Works on torch tensors (CPU or CUDA;
-traceable by ``torch.compile`` and capturable in CUDA graphs) and on numpy arrays (bf16 as uint16).
+and any top-k width are accepted. The dense ``indices`` and ``topk_length`` go to the decode as they
+are (dense lists, SPEC 4.6: no conversion kernel). ``get_mla_metadata`` returns the holder of a
+decode plan, made by the first call with it and reused by every later one (as FlashMLA fills its
+scheduling metadata once); ``block_table``, ``cache_seqlens``, ``num_splits`` and ``causal`` are
+ignored. Works on torch tensors (CPU or CUDA; traceable by ``torch.compile`` and capturable in CUDA
+graphs) and on numpy arrays (bf16 as uint16).
 """
 
 import numpy as np
 
 from . import _ops
 
+# What a plan depends on, in the order FlashMLASchedMeta.shape holds it: (argument, what).
+_PLANNED = (("q", "shape[0] (b)"), ("q", "shape[1] (s_q)"), ("q", "shape[2] (h_q)"),
+            ("indices", "shape[2] (topk)"),
+            ("extra_indices_in_kvcache", "shape[2] (extra topk; None: no extra cache)"))
+
 
 class FlashMLASchedMeta:
-    """Stand-in for FlashMLA's tile-scheduler metadata; sparsemla needs none."""
+    """FlashMLA's scheduling metadata, here the holder of a sparsemla decode plan: empty from
+    get_mla_metadata; the first flash_mla_with_kvcache call with it plans (from the call's own
+    shapes and placement) and stores the plan (``have_initialized`` becomes True); every later call
+    runs that plan, planning nothing. One metadata per shape, as FlashMLA's: a call whose shapes
+    differ from the planned ones raises ValueError naming the argument (call get_mla_metadata again
+    for another shape). Under torch.compile an empty metadata stays empty and every call plans
+    itself (plan in eager mode first to reuse the plan in compiled code)."""
 
     def __init__(self):
         self.have_initialized = False
         self.config = None
+        self.plan = None   # sparsemla.DecodePlan
+        self.shape = None  # (b, s_q, h_q, topk, extra topk or None) the plan was made for
 
 
 def get_mla_metadata(*args, **kwargs):
-    """Returns ``(FlashMLASchedMeta(), None)``; all arguments are accepted and ignored."""
+    """Returns ``(FlashMLASchedMeta(), None)``, an empty plan holder; all arguments are ignored."""
     del args, kwargs
     return FlashMLASchedMeta(), None
 
@@ -39,45 +54,48 @@ def _as_bytes(cache):
     return cache if cache.dtype == np.uint8 else cache.view(np.uint8)
 
 
-def _request_rows(like, t, s_q):
-    """int32 [t]: the request of each query row (row // s_q)."""
-    if _ops._is_tensor(like):
-        torch = _ops._torch_mod()
-        return torch.div(torch.arange(t, dtype=torch.int32, device=like.device), s_q,
-                         rounding_mode="floor")
-    return (np.arange(t, dtype=np.int32) // s_q).astype(np.int32)
-
-
-def _full(like, n, value):
-    if _ops._is_tensor(like):
-        torch = _ops._torch_mod()
-        return torch.full((n,), value, dtype=torch.int32, device=like.device)
-    return np.full((n,), value, dtype=np.int32)
-
-
-def _list(indices, lengths, cache, t, s_q, name):
-    """Dense [b, s_q, topk] indices (+ per-request lengths) -> ragged (indices, indptr, width)."""
-    if indices is None:
-        raise ValueError(f"sparsemla.flashmla: argument '{name}': expected int32 [b, s_q, topk] "
-                         "indices (sparse decode only), got None")
-    if len(indices.shape) != 3:
-        raise ValueError(f"sparsemla.flashmla: argument '{name}': expected [b, s_q, topk], got "
-                         f"shape {tuple(indices.shape)}")
-    topk = indices.shape[2]
-    dense = indices.reshape(t, topk)
-    num_slots = cache.shape[0] * cache.shape[1]
-    if lengths is None:
-        idx, ptr = _ops.build_ragged_from_dense(dense, _full(dense, t, topk), num_slots=num_slots)
-    else:
-        idx, ptr = _ops.build_ragged_from_dense(dense, lengths, num_slots=num_slots,
-                                                request_index=_request_rows(dense, t, s_q))
-    return idx, ptr, topk
-
-
 def _check_cache(cache, name):
     if len(cache.shape) != 4 or cache.shape[2] != 1 or cache.shape[3] != 584:
         raise ValueError(f"sparsemla.flashmla: argument '{name}': expected the fp8_ds_mla page view "
                          f"[num_blocks, page_block_size, 1, 584], got shape {tuple(cache.shape)}")
+    return _as_bytes(cache)
+
+
+def _dense(indices, b, s_q, name):
+    """FlashMLA's [b, s_q, topk] indices as the dense [T, topk] list (a view)."""
+    if indices is None:
+        raise ValueError(f"sparsemla.flashmla: argument '{name}': expected int32 [b, s_q, topk] "
+                         "indices (sparse decode only), got None")
+    if len(indices.shape) != 3 or tuple(indices.shape[:2]) != (b, s_q):
+        raise ValueError(f"sparsemla.flashmla: argument '{name}': expected [b, s_q, topk] with "
+                         f"q's b = {b}, s_q = {s_q}, got shape {tuple(indices.shape)}")
+    return indices.reshape(b * s_q, indices.shape[2])
+
+
+def _compiling():
+    torch = _ops._torch_mod()
+    is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    return bool(is_compiling is not None and is_compiling())
+
+
+def _plan(meta, shape, call):
+    """The plan of a call with `meta`: the stored one (its shape checked), else made now and
+    stored; None (the call plans itself) without a FlashMLASchedMeta or while compiling."""
+    if not isinstance(meta, FlashMLASchedMeta):
+        return None
+    if meta.plan is not None:
+        for (name, what), planned, got in zip(_PLANNED, meta.shape, shape):
+            if planned != got:
+                raise ValueError(f"sparsemla.flashmla: argument '{name}': expected {what} = "
+                                 f"{planned}, as planned by the first call with this "
+                                 "tile_scheduler_metadata (one metadata per shape: "
+                                 f"get_mla_metadata() again for another), got {got}")
+        return meta.plan
+    if _compiling():
+        return None
+    meta.plan = _ops.plan_decode_for(*call[:3], **call[3])
+    meta.shape, meta.have_initialized = shape, True
+    return meta.plan
 
 
 def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
@@ -94,12 +112,15 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
     ``topk_length[i]`` indices of request i are read. extra_k_cache / extra_indices_in_kvcache /
     extra_topk_length: the same for the compressed cache, attended in the same softmax.
     attn_sink: fp32 ``[h_q]`` (-inf: no effect, +inf: zero output) or None. softmax_scale: default
-    ``512**-0.5``. head_dim_v must be 512 and is_fp8_kvcache True.
+    ``512**-0.5``. head_dim_v must be 512 and is_fp8_kvcache True. tile_scheduler_metadata: a
+    FlashMLASchedMeta (its plan is made by the first call and reused) or None (planned per call).
 
     out: bf16 ``[b, s_q, h_q, 512]``; lse: fp32 ``[b, h_q, s_q]`` natural-log log-sum-exp of the
-    scaled scores without the sink, +inf for a row with no valid key (whose output is 0).
+    scaled scores without the sink, +inf for a row with no valid key (whose output is 0). For
+    s_q == 1 the decode writes lse in place; for s_q > 1 its rows ``[b*s_q, h_q]`` are transposed
+    by one copy (no row stride maps row ``i*s_q + j`` to ``lse[i, :, j]``).
     """
-    del block_table, cache_seqlens, tile_scheduler_metadata, num_splits, causal
+    del block_table, cache_seqlens, num_splits, causal
     if not is_fp8_kvcache:
         raise ValueError("sparsemla.flashmla: argument 'is_fp8_kvcache': expected True (only the "
                          "FP8 fp8_ds_mla cache is supported), got False")
@@ -110,28 +131,29 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
                          f"{tuple(q.shape)}")
     b, s_q, h_q = q.shape[0], q.shape[1], q.shape[2]
     t = b * s_q
-    _check_cache(k_cache, "k_cache")
-    k_cache = _as_bytes(k_cache)
-    main_idx, main_ptr, main_w = _list(indices, topk_length, k_cache, t, s_q, "indices")
-    extra = {}
+    k_cache = _check_cache(k_cache, "k_cache")
+    main = _dense(indices, b, s_q, "indices")
+    kw = dict(main_lengths=topk_length, main_rows_per_length=s_q, sink=attn_sink,
+              scale=softmax_scale)
+    extra_topk = None
     if extra_k_cache is not None:
-        _check_cache(extra_k_cache, "extra_k_cache")
-        extra_k_cache = _as_bytes(extra_k_cache)
-        e_idx, e_ptr, e_w = _list(extra_indices_in_kvcache, extra_topk_length, extra_k_cache, t,
-                                  s_q, "extra_indices_in_kvcache")
-        extra = dict(extra_cache=extra_k_cache, extra_indices=e_idx, extra_indptr=e_ptr,
-                     extra_width=e_w)
+        extra = _dense(extra_indices_in_kvcache, b, s_q, "extra_indices_in_kvcache")
+        kw.update(extra_cache=_check_cache(extra_k_cache, "extra_k_cache"), extra_indices=extra,
+                  extra_lengths=extra_topk_length, extra_rows_per_length=s_q)
+        extra_topk = extra.shape[1]
     elif extra_indices_in_kvcache is not None:
         raise ValueError("sparsemla.flashmla: argument 'extra_k_cache': expected a cache with "
                          "extra_indices_in_kvcache, got None")
-    out, lse = _ops.sparse_decode(q.reshape(t, h_q, 512), k_cache, main_idx, main_ptr,
-                                  main_width=main_w, sink=attn_sink, scale=softmax_scale,
-                                  return_lse=True, **extra)
-    out = out.reshape(b, s_q, h_q, 512)
+    q3 = q.reshape(t, h_q, 512)
+    plan = _plan(tile_scheduler_metadata, (b, s_q, h_q, main.shape[1], extra_topk),
+                 (q3, k_cache, main, kw))
+    out = _ops._empty(q, (b, s_q, h_q, 512), "like")
+    lse = _ops._empty(q, (b, h_q, s_q) if s_q == 1 else (t, h_q), "float32")
+    _ops.sparse_decode(q3, k_cache, main, None, out=out.reshape(t, h_q, 512),
+                       lse=lse.reshape(t, h_q), plan=plan, **kw)
+    if s_q == 1:
+        return out, lse
     lse = lse.reshape(b, s_q, h_q)
     if _ops._is_tensor(lse):
-        lse = lse.transpose(1, 2)
-        lse = lse if s_q == 1 else lse.contiguous()
-    else:
-        lse = np.ascontiguousarray(lse.transpose(0, 2, 1))
-    return out, lse
+        return out, lse.transpose(1, 2).contiguous()
+    return out, np.ascontiguousarray(lse.transpose(0, 2, 1))

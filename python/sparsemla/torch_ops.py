@@ -6,10 +6,11 @@ Every op is destination-passing: it writes into tensors the caller allocated and
 ops are opaque nodes under ``torch.compile(fullgraph=True)`` (fake implementations give the shapes)
 and can be captured in ``torch.cuda.graph``. CUDA work goes to the current stream of the tensors'
 device. The public functions of ``sparsemla`` call these ops when given torch tensors; the ops take
-the same arguments positionally (``block_size`` 0: from the cache's shape).
+the same arguments positionally (``block_size`` 0: from the cache's shape), the decode its arrays
+as one list, its integer options as another and its plan as integers (``DecodePlan.packed``).
 """
 
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -31,11 +32,6 @@ def write_window(kv: Tensor, positions: Tensor, slots: Tensor, rope: Tensor, cac
     _ops._r_write_window(kv, positions, slots, rope, cache, block_size, sanitise, path)
 
 
-@write_window.register_fake
-def _(kv, positions, slots, rope, cache, block_size, sanitise, path):
-    return None
-
-
 @_op("write_compressor_state", ("state",))
 def write_compressor_state(kv: Tensor, score: Tensor, ape: Optional[Tensor], positions: Tensor,
                            state_slots: Tensor, state: Tensor, ratio: int, head_dim: int,
@@ -43,11 +39,6 @@ def write_compressor_state(kv: Tensor, score: Tensor, ape: Optional[Tensor], pos
     """Compressor state writer (sparsemla.write_compressor_state)."""
     _ops._r_write_compressor_state(kv, score, ape, positions, state_slots, state, ratio, head_dim,
                                    path)
-
-
-@write_compressor_state.register_fake
-def _(kv, score, ape, positions, state_slots, state, ratio, head_dim, path):
-    return None
 
 
 @_op("compress", ("cache", "scratch"))
@@ -58,12 +49,6 @@ def compress(positions: Tensor, request_index: Tensor, state_slots: Tensor, out_
     """KV compressor (sparsemla.compress)."""
     _ops._r_compress(positions, request_index, state_slots, out_slots, state_block_table, state,
                      norm_weight, rope, cache, block_size, ratio, norm_eps, sanitise, scratch, path)
-
-
-@compress.register_fake
-def _(positions, request_index, state_slots, out_slots, state_block_table, state, norm_weight, rope,
-      cache, block_size, ratio, norm_eps, sanitise, scratch, path):
-    return None
 
 
 @_op("compress_indexer", ("cache", "scratch"))
@@ -78,12 +63,6 @@ def compress_indexer(positions: Tensor, request_index: Tensor, state_slots: Tens
                              scratch, path)
 
 
-@compress_indexer.register_fake
-def _(positions, request_index, state_slots, out_slots, state_block_table, state, norm_weight, rope,
-      cache, block_size, norm_eps, sanitise, scratch, path):
-    return None
-
-
 @_op("gather_indexer_keys", ("k_fp8", "k_scale"))
 def gather_indexer_keys(token_to_seq: Tensor, cu_seqlen: Tensor, block_table: Tensor,
                         cache: Tensor, block_size: int, layout: str, k_fp8: Tensor,
@@ -91,11 +70,6 @@ def gather_indexer_keys(token_to_seq: Tensor, cu_seqlen: Tensor, block_table: Te
     """Indexer-key gather (sparsemla.gather_indexer_keys)."""
     _ops._r_gather_indexer_keys(token_to_seq, cu_seqlen, block_table, cache, block_size, layout,
                                 k_fp8, k_scale, path)
-
-
-@gather_indexer_keys.register_fake
-def _(token_to_seq, cu_seqlen, block_table, cache, block_size, layout, k_fp8, k_scale, path):
-    return None
 
 
 @_op("build_ragged_from_dense", ("out_indices", "out_indptr"))
@@ -107,11 +81,6 @@ def build_ragged_from_dense(dense: Tensor, lengths: Tensor, request_index: Optio
                                     out_indices, out_indptr, path)
 
 
-@build_ragged_from_dense.register_fake
-def _(dense, lengths, request_index, num_slots, row_valid, out_indices, out_indptr, path):
-    return None
-
-
 @_op("build_window_lists", ("out_indices", "out_indptr"))
 def build_window_lists(positions: Tensor, request_index: Optional[Tensor], block_table: Tensor,
                        block_size: int, window: int, width: int, row_valid: Optional[Tensor],
@@ -121,12 +90,6 @@ def build_window_lists(positions: Tensor, request_index: Optional[Tensor], block
                                row_valid, out_indices, out_indptr, path)
 
 
-@build_window_lists.register_fake
-def _(positions, request_index, block_table, block_size, window, width, row_valid, out_indices,
-      out_indptr, path):
-    return None
-
-
 @_op("build_topk_lists", ("out_indices", "out_indptr"))
 def build_topk_lists(topk: Tensor, topk_length: Optional[Tensor], request_index: Optional[Tensor],
                      block_table: Tensor, block_size: int, row_valid: Optional[Tensor],
@@ -134,12 +97,6 @@ def build_topk_lists(topk: Tensor, topk_length: Optional[Tensor], request_index:
     """Ratio-4 top-k lists (sparsemla.build_topk_lists)."""
     _ops._r_build_topk_lists(topk, topk_length, request_index, block_table, block_size, row_valid,
                              out_indices, out_indptr, path)
-
-
-@build_topk_lists.register_fake
-def _(topk, topk_length, request_index, block_table, block_size, row_valid, out_indices, out_indptr,
-      path):
-    return None
 
 
 @_op("build_compressed_all_lists", ("out_indices", "out_indptr"))
@@ -153,77 +110,50 @@ def build_compressed_all_lists(positions: Tensor, request_index: Optional[Tensor
                                        path)
 
 
-@build_compressed_all_lists.register_fake
-def _(positions, request_index, block_table, block_size, ratio, max_compressed, width, row_valid,
-      out_indices, out_indptr, path):
-    return None
-
-
 @_op("inverse_rope", ("x",))
 def inverse_rope(x: Tensor, positions: Tensor, rope: Tensor, path: str) -> None:
     """Standalone inverse RoPE in place (sparsemla.inverse_rope)."""
     _ops._r_inverse_rope(x, positions, rope, path)
 
 
-@inverse_rope.register_fake
-def _(x, positions, rope, path):
-    return None
-
-
 @_op("sparse_decode_out", ("out", "lse", "workspace"))
-def sparse_decode_out(q: Tensor, main_cache: Tensor, main_block_size: int, main_indices: Tensor,
-                      main_indptr: Tensor, main_width: int, extra_cache: Optional[Tensor],
-                      extra_block_size: int, extra_indices: Optional[Tensor],
-                      extra_indptr: Optional[Tensor], extra_width: int, sink: Optional[Tensor],
-                      scale: float, positions: Optional[Tensor], rope: Optional[Tensor],
-                      num_splits: int, planner: str, num_sms: int, adaptive_splits: bool,
-                      extra_cache_sanitised: bool, kv_connector: bool, path: str, out: Tensor,
-                      lse: Optional[Tensor], workspace: Optional[Tensor],
-                      deterministic: bool = False) -> None:
-    """Sparse decode into out (and lse) (sparsemla.sparse_decode). A missing workspace is allocated
-    on the current stream when S > 1 (graph-safe: the caching allocator serves captures)."""
-    _ops._r_sparse_decode_out(q, main_cache, main_block_size, main_indices, main_indptr, main_width,
-                              extra_cache, extra_block_size, extra_indices, extra_indptr,
-                              extra_width, sink, scale, positions, rope, num_splits, planner,
-                              num_sms, adaptive_splits, extra_cache_sanitised, kv_connector, path,
-                              out, lse, workspace, deterministic)
-
-
-@sparse_decode_out.register_fake
-def _(q, main_cache, main_block_size, main_indices, main_indptr, main_width, extra_cache,
-      extra_block_size, extra_indices, extra_indptr, extra_width, sink, scale, positions, rope,
-      num_splits, planner, num_sms, adaptive_splits, extra_cache_sanitised, kv_connector, path, out,
-      lse, workspace, deterministic=False):
-    return None
+def sparse_decode_out(inputs: List[Optional[Tensor]], out: Tensor, lse: Optional[Tensor],
+                      workspace: Optional[Tensor], config: List[int], scale: float, path: str,
+                      plan: Optional[List[int]]) -> None:
+    """Sparse decode into out (and lse) (sparsemla.sparse_decode). inputs: the arrays named by
+    sparsemla._C.DECODE_INPUTS (None where absent); config: the integers of _C.DECODE_CONFIG;
+    plan: a DecodePlan's ``packed`` integers, or None (the call plans itself). A missing workspace
+    is allocated on the current stream when the plan needs one (graph-safe: the caching allocator
+    serves captures)."""
+    _ops._r_sparse_decode(inputs, out, lse, workspace, config, scale, path, plan)
 
 
 @_op("sparse_decode", ())
-def sparse_decode(q: Tensor, main_cache: Tensor, main_block_size: int, main_indices: Tensor,
-                  main_indptr: Tensor, main_width: int, extra_cache: Optional[Tensor],
-                  extra_block_size: int, extra_indices: Optional[Tensor],
-                  extra_indptr: Optional[Tensor], extra_width: int, sink: Optional[Tensor],
-                  scale: float, positions: Optional[Tensor], rope: Optional[Tensor],
-                  num_splits: int, planner: str, num_sms: int, adaptive_splits: bool,
-                  extra_cache_sanitised: bool, kv_connector: bool, path: str,
-                  deterministic: bool = False) -> Tuple[Tensor, Tensor]:
+def sparse_decode(inputs: List[Optional[Tensor]], config: List[int], scale: float, path: str,
+                  plan: Optional[List[int]]) -> Tuple[Tensor, Tensor]:
     """Functional sparse decode: returns (out bf16 [T, H, 512], lse fp32 [T, H])."""
+    q = inputs[0]
     out = torch.empty((q.shape[0], q.shape[1], 512), dtype=q.dtype, device=q.device)
     lse = torch.empty((q.shape[0], q.shape[1]), dtype=torch.float32, device=q.device)
-    _ops._r_sparse_decode_out(q, main_cache, main_block_size, main_indices, main_indptr, main_width,
-                              extra_cache, extra_block_size, extra_indices, extra_indptr,
-                              extra_width, sink, scale, positions, rope, num_splits, planner,
-                              num_sms, adaptive_splits, extra_cache_sanitised, kv_connector, path,
-                              out, lse, None, deterministic)
+    _ops._r_sparse_decode(inputs, out, lse, None, config, scale, path, plan)
     return out, lse
 
 
 @sparse_decode.register_fake
-def _(q, main_cache, main_block_size, main_indices, main_indptr, main_width, extra_cache,
-      extra_block_size, extra_indices, extra_indptr, extra_width, sink, scale, positions, rope,
-      num_splits, planner, num_sms, adaptive_splits, extra_cache_sanitised, kv_connector, path,
-      deterministic=False):
+def _(inputs, config, scale, path, plan):
+    q = inputs[0]
     return (q.new_empty((q.shape[0], q.shape[1], 512)),
             q.new_empty((q.shape[0], q.shape[1]), dtype=torch.float32))
 
+
+def _no_output(*args, **kwargs):
+    """The fake implementation of the destination-passing ops: nothing to return."""
+    return None
+
+
+for _dest in (write_window, write_compressor_state, compress, compress_indexer, gather_indexer_keys,
+              build_ragged_from_dense, build_window_lists, build_topk_lists,
+              build_compressed_all_lists, inverse_rope, sparse_decode_out):
+    _dest.register_fake(_no_output)
 
 _ops._TORCH = torch

@@ -11,10 +11,14 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <cstdint>
+#include <iterator>
 #include <optional>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "sparsemla/sparsemla.h"
@@ -28,76 +32,41 @@ namespace {
 using In = nb::ndarray<nb::ro>;  // read-only view; writable arrays are accepted too
 using Out = nb::ndarray<>;       // written in place
 
-// ---- dtypes
-// --------------------------------------------------------------------------------------
+// ---- dtypes ------------------------------------------------------------------------------------
 enum class Kind { U8, I32, I64, F32, F64, Bf16, AnyBytes };
+using Code = nb::dlpack::dtype_code;
+struct KindInfo {
+  const char* name;
+  Code code;
+  int bits;
+};
+constexpr KindInfo kKinds[] = {
+    {"uint8", Code::UInt, 8},        {"int32", Code::Int, 32},     {"int64", Code::Int, 64},
+    {"float32", Code::Float, 32},    {"float64", Code::Float, 64},
+    {"bf16 (torch.bfloat16, or uint16 holding raw bf16 bits)", Code::Bfloat, 16},
+    {"any (contiguous bytes)", Code::UInt, 0}};
 
-const char* kind_name(Kind k) {
-  switch (k) {
-    case Kind::U8:
-      return "uint8";
-    case Kind::I32:
-      return "int32";
-    case Kind::I64:
-      return "int64";
-    case Kind::F32:
-      return "float32";
-    case Kind::F64:
-      return "float64";
-    case Kind::Bf16:
-      return "bf16 (torch.bfloat16, or uint16 holding raw bf16 bits)";
-    case Kind::AnyBytes:
-      return "any (contiguous bytes)";
-  }
-  return "?";
-}
+const char* kind_name(Kind k) { return kKinds[static_cast<int>(k)].name; }
 
 bool dtype_is(nb::dlpack::dtype d, Kind k) {
-  using C = nb::dlpack::dtype_code;
-  const auto code = static_cast<C>(d.code);
+  const KindInfo& want = kKinds[static_cast<int>(k)];
+  const auto code = static_cast<Code>(d.code);
   if (d.lanes != 1) return false;
-  switch (k) {
-    case Kind::U8:
-      return code == C::UInt && d.bits == 8;
-    case Kind::I32:
-      return code == C::Int && d.bits == 32;
-    case Kind::I64:
-      return code == C::Int && d.bits == 64;
-    case Kind::F32:
-      return code == C::Float && d.bits == 32;
-    case Kind::F64:
-      return code == C::Float && d.bits == 64;
-    case Kind::Bf16:
-      return (code == C::Bfloat || code == C::UInt) && d.bits == 16;
-    case Kind::AnyBytes:
-      return d.bits % 8 == 0;
-  }
-  return false;
+  if (k == Kind::AnyBytes) return d.bits % 8 == 0;
+  if (k == Kind::Bf16 && code == Code::UInt && d.bits == 16) return true;  // raw bf16 bits
+  return code == want.code && d.bits == want.bits;
 }
 
 std::string dtype_text(nb::dlpack::dtype d) {
-  using C = nb::dlpack::dtype_code;
-  std::string name;
-  switch (static_cast<C>(d.code)) {
-    case C::Int:
-      name = "int";
-      break;
-    case C::UInt:
-      name = "uint";
-      break;
-    case C::Float:
-      name = "float";
-      break;
-    case C::Bfloat:
-      name = "bfloat";
-      break;
-    case C::Bool:
-      return "bool";
-    default:
-      name = "dtype-code-" + std::to_string(d.code) + "-";
-      break;
-  }
-  return name + std::to_string(d.bits) + (d.lanes != 1 ? "x" + std::to_string(d.lanes) : "");
+  const auto code = static_cast<Code>(d.code);
+  if (code == Code::Bool) return "bool";
+  const char* name = code == Code::Int     ? "int"
+                     : code == Code::UInt  ? "uint"
+                     : code == Code::Float ? "float"
+                     : code == Code::Bfloat ? "bfloat"
+                                           : nullptr;
+  const std::string base = name ? name : "dtype-code-" + std::to_string(d.code) + "-";
+  return base + std::to_string(d.bits) + (d.lanes != 1 ? "x" + std::to_string(d.lanes) : "");
 }
 
 template <class A>
@@ -441,34 +410,34 @@ void py_quantize_indexer(const In& x, const Out& bytes, const Out& scale) {
   }
 }
 
-void py_dequantize_rows(const In& cache, int64_t block_size, const In& slots, bool scrub,
-                        const Out& out) {
-  Call c("dequantize_rows");
-  const CacheView view = mla_cache(c, "cache", cache, block_size);
+// Decodes the rows of `slots` into out fp32 [N, width] (CPU): row(slot, out_row) each.
+template <class Row>
+void decode_rows(Call& c, const In& slots, const Out& out, int64_t width, Row row) {
   const int64_t n = c.vec("slots", slots, Kind::I64, -1, "");
-  rows(c, "out", out, Kind::F32, n, Fp8DsMla::kHeadDim, "slots.shape[0]");
+  rows(c, "out", out, Kind::F32, n, width, "slots.shape[0]");
   c.contiguous_from("out", out, 0);
   if (c.on_device())
     c.fail("cache", "host arrays (the row decoder runs on the CPU)", "CUDA arrays");
   const int64_t* s = ptr<const int64_t>(slots);
   float* o = ptr<float>(out);
   nb::gil_scoped_release release;
-  for (int64_t i = 0; i < n; ++i) dequantize_row(view, s[i], scrub, o + i * Fp8DsMla::kHeadDim);
+  for (int64_t i = 0; i < n; ++i) row(s[i], o + i * width);
+}
+
+void py_dequantize_rows(const In& cache, int64_t block_size, const In& slots, bool scrub,
+                        const Out& out) {
+  Call c("dequantize_rows");
+  const CacheView view = mla_cache(c, "cache", cache, block_size);
+  decode_rows(c, slots, out, Fp8DsMla::kHeadDim,
+              [&](int64_t s, float* o) { dequantize_row(view, s, scrub, o); });
 }
 
 void py_dequantize_indexer_rows(const In& cache, int64_t block_size, const std::string& layout,
                                 const In& slots, const Out& out) {
   Call c("dequantize_indexer_rows");
   const IndexerCacheView view = indexer_cache(c, "cache", cache, block_size, layout);
-  const int64_t n = c.vec("slots", slots, Kind::I64, -1, "");
-  rows(c, "out", out, Kind::F32, n, IndexerFp8::kHeadDim, "slots.shape[0]");
-  c.contiguous_from("out", out, 0);
-  if (c.on_device())
-    c.fail("cache", "host arrays (the row decoder runs on the CPU)", "CUDA arrays");
-  const int64_t* s = ptr<const int64_t>(slots);
-  float* o = ptr<float>(out);
-  nb::gil_scoped_release release;
-  for (int64_t i = 0; i < n; ++i) dequantize_indexer_row(view, s[i], o + i * IndexerFp8::kHeadDim);
+  decode_rows(c, slots, out, IndexerFp8::kHeadDim,
+              [&](int64_t s, float* o) { dequantize_indexer_row(view, s, o); });
 }
 
 // ---- writers -----------------------------------------------------------------------------------
@@ -740,36 +709,148 @@ void py_build_compressed_all_lists(const In& positions, const In& request_index,
 }
 
 // ---- decode ------------------------------------------------------------------------------------
-// Everything a decode call takes, as the Python layer passes it (None for absent arrays).
+// Everything a decode call takes, as the Python layer passes it: the arrays (in this order, None
+// where absent), the integer options (in this order, with their defaults), the scale, the path
+// and the plan. Both lists are exported (_C.DECODE_INPUTS, _C.DECODE_CONFIG); the Python layer and
+// the torch ops follow them, so the arguments are spelled out here only.
+#define SPARSEMLA_DECODE_INPUTS(X)                                                   \
+  X(q) X(main_cache) X(main_indices) X(main_indptr) X(main_lengths) X(extra_cache)  \
+  X(extra_indices) X(extra_indptr) X(extra_lengths) X(sink) X(positions) X(rope)
+#define SPARSEMLA_DECODE_CONFIG(X)                                                          \
+  X(main_block_size, 0) X(main_width, 0) X(main_rows_per_length, 1) X(extra_block_size, 0) \
+  X(extra_width, 0) X(extra_rows_per_length, 1) X(num_splits, 0) X(num_sms, 0)             \
+  X(adaptive_splits, 0) X(deterministic, 0) X(extra_cache_sanitised, 0) X(kv_connector, 0)
+#define SPARSEMLA_INPUT_NAME(n) #n,
+#define SPARSEMLA_CONFIG_PAIR(n, d) std::pair<const char*, int64_t>(#n, d),
+constexpr const char* kDecodeInputs[] = {SPARSEMLA_DECODE_INPUTS(SPARSEMLA_INPUT_NAME)};
+constexpr std::pair<const char*, int64_t> kDecodeConfig[] = {
+    SPARSEMLA_DECODE_CONFIG(SPARSEMLA_CONFIG_PAIR)};
+
 struct DecodeArgs {
-  In q, main_cache, main_indices, main_indptr, extra_cache, extra_indices, extra_indptr, sink,
-      positions, rope;
-  int64_t main_block_size = 0, main_width = 0, extra_block_size = 0, extra_width = 0;
+#define SPARSEMLA_INPUT_FIELD(n) In n;
+  SPARSEMLA_DECODE_INPUTS(SPARSEMLA_INPUT_FIELD)
+#define SPARSEMLA_CONFIG_FIELD(n, d) int64_t n = d;
+  SPARSEMLA_DECODE_CONFIG(SPARSEMLA_CONFIG_FIELD)
   float scale = kDefaultSoftmaxScale;
-  int32_t num_splits = 0, num_sms = 0;
-  bool adaptive_splits = false, extra_cache_sanitised = false, kv_connector = false;
-  bool deterministic = false;  // DecodeParams::deterministic (batch invariance)
   std::string path = "auto";
-  Out out, lse;
+  std::optional<DecodePlan> plan;  // given: the call runs it, no planning
   uintptr_t stream = 0;
 };
 
-RaggedList ragged_list(Call& c, const std::string& name, const In& indices, const In& indptr,
-                       int64_t width, int64_t num_tokens) {
-  RaggedList l;
-  const int64_t cap = c.vec(name + "_indices", indices, Kind::I32, -1, "");
-  c.check(name + "_indptr", indptr, Kind::I32, 1);
-  c.contiguous_from(name + "_indptr", indptr, 0);
-  c.min_dim(name + "_indptr", indptr, 0, num_tokens + 1, "T + 1");
+// A plan as the integers the Python layer carries through torch ops and graphs (DecodePlan.packed;
+// the layout is private to this file): a tag, then every field in this order.
+constexpr int64_t kPlanTag = 0x53504c31;  // "SPL1"
+template <class F>
+void plan_fields(DecodePlan& pl, F&& f) {
+  DecodeShape& s = pl.shape;
+  f(s.num_tokens), f(s.num_heads), f(s.width_main), f(s.width_extra), f(s.has_extra);
+  f(s.device), f(s.caches_aligned), f(s.path), f(s.num_splits), f(s.adaptive_splits);
+  f(s.deterministic), f(s.num_sms), f(pl.path), f(pl.num_splits), f(pl.num_sms);
+  f(pl.adaptive_splits), f(pl.one_wave), f(pl.fused_combine), f(pl.head_blocks_per_cta);
+  f(pl.workspace_bytes);
+}
+std::vector<int64_t> pack(DecodePlan pl) {
+  std::vector<int64_t> v{kPlanTag};
+  plan_fields(pl, [&](auto& x) { v.push_back(static_cast<int64_t>(x)); });
+  return v;
+}
+DecodePlan unpack(Call& c, const std::vector<int64_t>& v) {
+  DecodePlan pl;
+  const bool ok = v.size() == pack(pl).size() && v[0] == kPlanTag;
+  if (!ok) c.fail("plan", "a DecodePlan from sparsemla.plan_decode", std::to_string(v.size()) + " integers");
+  size_t i = 1;
+  plan_fields(pl, [&](auto& x) { x = static_cast<std::remove_reference_t<decltype(x)>>(v[i++]); });
+  return pl;
+}
+
+DecodeArgs decode_args(const nb::sequence& inputs, const std::vector<int64_t>& config, float scale,
+                       const std::string& path, const std::optional<std::vector<int64_t>>& plan,
+                       uintptr_t stream) {
+  Call c("sparse_decode");
+  DecodeArgs a;
+#define SPARSEMLA_INPUT_ADDRESS(n) &a.n,
+#define SPARSEMLA_CONFIG_ADDRESS(n, d) &a.n,
+  In* arrays[] = {SPARSEMLA_DECODE_INPUTS(SPARSEMLA_INPUT_ADDRESS)};
+  int64_t* options[] = {SPARSEMLA_DECODE_CONFIG(SPARSEMLA_CONFIG_ADDRESS)};
+  if (nb::len(inputs) != std::size(arrays) || config.size() != std::size(options))
+    c.fail("inputs/config", "the lengths of _C.DECODE_INPUTS/_C.DECODE_CONFIG", "others");
+  for (size_t i = 0; i < std::size(arrays); ++i) {
+    nb::handle h = inputs[i];
+    if (!h.is_none() && !nb::try_cast<In>(h, *arrays[i]))
+      c.fail(kDecodeInputs[i], "a numpy array or a torch tensor", nb::type_name(h.type()).c_str());
+  }
+  for (size_t i = 0; i < std::size(options); ++i) *options[i] = config[i];
+  a.scale = scale;
+  a.path = path;
+  if (plan) a.plan = unpack(c, *plan);
+  a.stream = stream;
+  return a;
+}
+
+int32_t i32(Call& c, const std::string& name, int64_t v) {
+  if (v < INT32_MIN || v > INT32_MAX) c.fail(name, "a 32-bit integer", std::to_string(v));
+  return static_cast<int32_t>(v);
+}
+
+// A list (SPEC 4.6): ragged (indptr given: indices int32 [cap], indptr int32 [>= T+1]) or dense
+// (indptr None: FlashMLA's indices int32 [T, W], rows strided, read directly; optional lengths
+// int32 [>= ceil(T / rows_per_length)]: per row, or per request with rows_per_length = s_q).
+IndexList index_list(Call& c, const std::string& name, const In& indices, const In& indptr,
+                     const In& lengths, int64_t width, int64_t rows_per_length, int64_t T) {
+  const std::string ind = name + "_indices", len = name + "_lengths";
+  const std::string rpl = name + "_rows_per_length";
+  IndexList l;
+  if (indptr.is_valid()) {  // ragged
+    if (lengths.is_valid())
+      c.fail(len, "None with a ragged list (lengths go with a dense list, " + name + "_indptr None)",
+             "an array");
+    if (rows_per_length != 1) c.fail(rpl, "1 with a ragged list", std::to_string(rows_per_length));
+    l.capacity = c.vec(ind, indices, Kind::I32, -1, "");
+    c.vec(name + "_indptr", indptr, Kind::I32, -1, "");
+    c.min_dim(name + "_indptr", indptr, 0, T + 1, "T + 1");
+    l.indptr = ptr<const int32_t>(indptr);
+    l.width = width;
+  } else {  // dense
+    c.check(ind, indices, Kind::I32, -1);
+    if (indices.ndim() != 2)
+      c.fail(ind, "a dense list [T, W] (2-D) when " + name + "_indptr is None",
+             std::to_string(indices.ndim()) + "-D, shape " + shape_text(indices));
+    l.width = static_cast<int64_t>(indices.shape(1));
+    l.dense_stride = rows(c, ind, indices, Kind::I32, T, -1, "T (q.shape[0])");
+    l.capacity = T == 0 ? 0 : (T - 1) * l.dense_stride + l.width;
+    if (width != 0 && width != l.width)
+      c.fail(name + "_width", "0 or " + ind + ".shape[1] = " + std::to_string(l.width) +
+             " (a dense list's width)", std::to_string(width));
+    if (rows_per_length < 1) c.fail(rpl, ">= 1", std::to_string(rows_per_length));
+    l.rows_per_length = i32(c, rpl, rows_per_length);
+    if (lengths.is_valid()) {
+      c.vec(len, lengths, Kind::I32, -1, "");
+      c.min_dim(len, lengths, 0, (T + rows_per_length - 1) / rows_per_length,
+                rows_per_length == 1 ? "T (per row; per request: give " + rpl + " = s_q)"
+                                     : "ceil(T / " + rpl + ")");
+      l.lengths = ptr<const int32_t>(lengths);
+    }
+  }
   l.indices = ptr<const int32_t>(indices);
-  l.indptr = ptr<const int32_t>(indptr);
-  l.capacity = cap;
-  l.width = width;
   return l;
 }
 
-// Fills DecodeParams from the arrays; `need_out`: out (and lse) are checked and used.
-DecodeParams decode_params(Call& c, const DecodeArgs& a, bool need_out) {
+// With a plan, the call's planning options are the plan's (none may be given as well).
+void options_from_plan(Call& c, const DecodeArgs& a, DecodeParams& p) {
+  if (a.num_splits || a.num_sms || a.adaptive_splits || a.deterministic || p.path != Path::Auto)
+    c.fail("num_splits/num_sms/adaptive_splits/deterministic/path",
+           "unset with a plan (the plan holds them)", "set");
+  const DecodeShape& s = a.plan->shape;
+  p.num_splits = s.num_splits;
+  p.num_sms = s.num_sms;
+  p.adaptive_splits = s.adaptive_splits;
+  p.deterministic = s.deterministic;
+  p.path = s.path;
+}
+
+// Fills DecodeParams from the arrays; out (and lse) only when `out` is given (else a query: q's
+// pointer stands in for out, so that the path is resolved from the same device).
+DecodeParams decode_params(Call& c, const DecodeArgs& a, const Out& out, const Out& lse) {
   DecodeParams p;
   c.check("q", a.q, Kind::Bf16, 3);
   c.last_contiguous("q", a.q);
@@ -783,15 +864,16 @@ DecodeParams decode_params(Call& c, const DecodeArgs& a, bool need_out) {
   p.q_stride_token = Call::stride_or_default(a.q, 0);
   p.q_stride_head = H <= 1 ? 512 : a.q.stride(1);
   p.main_cache = mla_cache(c, "main_cache", a.main_cache, a.main_block_size);
-  p.main_list = ragged_list(c, "main", a.main_indices, a.main_indptr, a.main_width, T);
+  p.main_list = index_list(c, "main", a.main_indices, a.main_indptr, a.main_lengths, a.main_width,
+                           a.main_rows_per_length, T);
   if (a.extra_cache.is_valid()) {
     p.has_extra = true;
     p.extra_cache = mla_cache(c, "extra_cache", a.extra_cache, a.extra_block_size);
-    if (!a.extra_indices.is_valid() || !a.extra_indptr.is_valid()) {
-      c.fail("extra_indices/extra_indptr", "the extra list with the extra cache", "None");
-    }
-    p.extra_list = ragged_list(c, "extra", a.extra_indices, a.extra_indptr, a.extra_width, T);
-  } else if (a.extra_indices.is_valid() || a.extra_indptr.is_valid()) {
+    if (!a.extra_indices.is_valid())
+      c.fail("extra_indices", "the extra list with the extra cache", "None");
+    p.extra_list = index_list(c, "extra", a.extra_indices, a.extra_indptr, a.extra_lengths,
+                              a.extra_width, a.extra_rows_per_length, T);
+  } else if (a.extra_indices.is_valid() || a.extra_indptr.is_valid() || a.extra_lengths.is_valid()) {
     c.fail("extra_cache", "the extra cache with the extra list", "None");
   }
   p.sink = c.opt_vec<const float>("sink", a.sink, Kind::F32, H, "H (q.shape[1])");
@@ -803,74 +885,71 @@ DecodeParams decode_params(Call& c, const DecodeArgs& a, bool need_out) {
       c.fail("rope", "a cos/sin table with positions (fused inverse RoPE)", "None");
     p.rope = rope_table(c, "rope", a.rope);
   }
-  if (need_out) {
-    c.check("out", a.out, Kind::Bf16, 3);
-    c.last_contiguous("out", a.out);
-    c.positive_strides("out", a.out);
-    c.dim("out", a.out, 0, T, "T (q.shape[0])");
-    c.dim("out", a.out, 1, H, "H (q.shape[1])");
-    c.dim("out", a.out, 2, Fp8DsMla::kHeadDim, "512");
-    p.out = ptr<bf16_bits>(a.out);
-    p.out_stride_token = Call::stride_or_default(a.out, 0);
-    p.out_stride_head = H <= 1 ? 512 : a.out.stride(1);
-    if (a.lse.is_valid()) {
-      c.check("lse", a.lse, Kind::F32, 2);
-      c.positive_strides("lse", a.lse);
-      c.dim("lse", a.lse, 0, T, "T (q.shape[0])");
-      c.dim("lse", a.lse, 1, H, "H (q.shape[1])");
-      p.lse = ptr<float>(a.lse);
-      p.lse_stride_token = Call::stride_or_default(a.lse, 0);
-      p.lse_stride_head = H <= 1 ? 1 : a.lse.stride(1);
-    }
-  } else {
-    // Queries run no kernel; q's pointer stands in for `out` so that the path is resolved from
-    // the same device.
-    p.out = const_cast<bf16_bits*>(p.q);
+  p.out = const_cast<bf16_bits*>(p.q);
+  if (out.is_valid()) {
+    c.check("out", out, Kind::Bf16, 3);
+    c.last_contiguous("out", out);
+    c.positive_strides("out", out);
+    c.dim("out", out, 0, T, "T (q.shape[0])");
+    c.dim("out", out, 1, H, "H (q.shape[1])");
+    c.dim("out", out, 2, Fp8DsMla::kHeadDim, "512");
+    p.out = ptr<bf16_bits>(out);
+    p.out_stride_token = Call::stride_or_default(out, 0);
+    p.out_stride_head = H <= 1 ? 512 : out.stride(1);
   }
-  p.extra_cache_sanitised = a.extra_cache_sanitised;
-  p.kv_connector = a.kv_connector;
-  p.num_splits = a.num_splits;
-  p.adaptive_splits = a.adaptive_splits;
-  p.deterministic = a.deterministic;
-  p.num_sms = a.num_sms;
+  if (out.is_valid() && lse.is_valid()) {
+    c.check("lse", lse, Kind::F32, 2);
+    c.positive_strides("lse", lse);
+    c.dim("lse", lse, 0, T, "T (q.shape[0])");
+    c.dim("lse", lse, 1, H, "H (q.shape[1])");
+    p.lse = ptr<float>(lse);
+    p.lse_stride_token = Call::stride_or_default(lse, 0);
+    p.lse_stride_head = H <= 1 ? 1 : lse.stride(1);
+  }
+  p.extra_cache_sanitised = a.extra_cache_sanitised != 0;
+  p.kv_connector = a.kv_connector != 0;
+  p.num_splits = i32(c, "num_splits", a.num_splits);
+  p.num_sms = i32(c, "num_sms", a.num_sms);
+  p.adaptive_splits = a.adaptive_splits != 0;
+  p.deterministic = a.deterministic != 0;
   p.path = path_of(a.path);
   p.stream = stream_of(a.stream);
+  if (a.plan) options_from_plan(c, a, p);
   return p;
 }
 
-// Runs the decode. Workspace: the given array when S > 1, else `alloc(nbytes)` is called (it
-// returns an array of >= nbytes bytes on the call's device, e.g. a DLPack capsule of a torch
-// tensor) and kept alive for the call.
-void py_sparse_decode(const DecodeArgs& a, const Out& workspace, nb::object alloc) {
+// Runs the decode with the given plan, else the call's own. Workspace: the given array when the
+// plan needs one, else `alloc(nbytes)` is called (it returns an array of >= nbytes bytes on the
+// call's device, e.g. a DLPack capsule of a torch tensor) and kept alive for the call.
+void py_sparse_decode(const DecodeArgs& a, const Out& out, const Out& lse, const Out& workspace,
+                      nb::object alloc) {
   Call c("sparse_decode");
-  const DecodeParams p = decode_params(c, a, /*need_out=*/true);
+  if (!out.is_valid()) c.fail("out", "an output array", "None");
+  const DecodeParams p = decode_params(c, a, out, lse);
   if (p.num_tokens == 0) return;
-  const int32_t splits = decode_num_splits(p);
-  void* ws = nullptr;
+  // Planned from the call's shape; sparse_decode then validates the call (errors name it).
+  const DecodePlan plan = a.plan ? *a.plan : plan_decode(decode_shape(p));
+  Out ws = workspace;
+  void* ws_ptr = nullptr;
   size_t ws_bytes = 0;
-  Out allocated;
-  if (splits > 1) {
-    const size_t need = decode_workspace_size(p.num_tokens, p.num_heads, splits);
-    if (workspace.is_valid()) {
-      c.check("workspace", workspace, Kind::AnyBytes, -1);
-      c.contiguous_from("workspace", workspace, 0);
-      ws = workspace.data();
-      ws_bytes = workspace.nbytes();
-    } else if (alloc.is_valid() && !alloc.is_none()) {
-      allocated = nb::cast<Out>(alloc(need));
-      c.check("workspace (allocated)", allocated, Kind::AnyBytes, -1);
-      ws = allocated.data();
-      ws_bytes = allocated.nbytes();
+  if (plan.workspace_bytes > 0) {
+    if (!ws.is_valid() && !alloc.is_none()) ws = nb::cast<Out>(alloc(plan.workspace_bytes));
+    if (ws.is_valid()) {
+      c.check("workspace", ws, Kind::AnyBytes, -1);
+      c.contiguous_from("workspace", ws, 0);
+      ws_ptr = ws.data();
+      ws_bytes = ws.nbytes();
     }
   }
   nb::gil_scoped_release release;
-  sparse_decode(p, ws, ws_bytes);
+  sparse_decode(p, plan, ws_ptr, ws_bytes);
 }
 
-std::optional<std::string> py_decode_unsupported(const DecodeArgs& a, bool with_out) {
+std::optional<std::string> py_decode_unsupported(const DecodeArgs& a, const Out& out,
+                                                 const Out& lse) {
   try {
     Call c("sparse_decode");
-    const DecodeParams p = decode_params(c, a, with_out);
+    const DecodeParams p = decode_params(c, a, out, lse);
     const char* why = nullptr;
     if (decode_is_supported(p, &why)) return std::nullopt;
     return std::string(why != nullptr ? why : "unsupported");
@@ -879,42 +958,26 @@ std::optional<std::string> py_decode_unsupported(const DecodeArgs& a, bool with_
   }
 }
 
-int32_t py_decode_num_splits(const DecodeArgs& a) {
-  Call c("decode_num_splits");
-  return decode_num_splits(decode_params(c, a, /*need_out=*/false));
-}
-
 void py_sparse_decode_reference(const DecodeArgs& a, const Out& out, const Out& lse,
                                 const Out& abs_mean) {
   Call c("sparse_decode_reference");
-  DecodeParams p = decode_params(c, a, /*need_out=*/false);
+  DecodeParams p = decode_params(c, a, Out(), Out());
   p.out = nullptr;
-  const int64_t T = p.num_tokens, H = p.num_heads;
-  c.check("out", out, Kind::F64, 3);
-  c.contiguous_from("out", out, 0);
-  c.dim("out", out, 0, T, "T");
-  c.dim("out", out, 1, H, "H");
-  c.dim("out", out, 2, 512, "512");
-  double* lse_ptr = nullptr;
-  if (lse.is_valid()) {
-    c.check("lse", lse, Kind::F64, 2);
-    c.contiguous_from("lse", lse, 0);
-    c.dim("lse", lse, 0, T, "T");
-    c.dim("lse", lse, 1, H, "H");
-    lse_ptr = ptr<double>(lse);
-  }
-  double* abs_mean_ptr = nullptr;
-  if (abs_mean.is_valid()) {
-    c.check("abs_mean", abs_mean, Kind::F64, 3);
-    c.contiguous_from("abs_mean", abs_mean, 0);
-    c.dim("abs_mean", abs_mean, 0, T, "T");
-    c.dim("abs_mean", abs_mean, 1, H, "H");
-    c.dim("abs_mean", abs_mean, 2, 512, "512");
-    abs_mean_ptr = ptr<double>(abs_mean);
-  }
+  const auto f64 = [&](const char* name, const Out& x, int ndim) -> double* {
+    if (!x.is_valid()) return nullptr;
+    c.check(name, x, Kind::F64, ndim);
+    c.contiguous_from(name, x, 0);
+    c.dim(name, x, 0, p.num_tokens, "T");
+    c.dim(name, x, 1, p.num_heads, "H");
+    if (ndim == 3) c.dim(name, x, 2, 512, "512");
+    return ptr<double>(x);
+  };
+  if (!out.is_valid()) c.fail("out", "a float64 [T, H, 512] array", "None");
+  double* o = f64("out", out, 3);
+  double* lse_ptr = f64("lse", lse, 2);
+  double* abs_mean_ptr = f64("abs_mean", abs_mean, 3);
   if (c.on_device())
     c.fail("q", "host arrays (the float64 reference runs on the CPU)", "CUDA arrays");
-  double* o = ptr<double>(out);
   nb::gil_scoped_release release;
   sparse_decode_reference(p, o, lse_ptr, abs_mean_ptr);
 }
@@ -975,16 +1038,6 @@ nb::dict py_verify(const In& out, const In& ref, const In& abs_mean) {
 }
 
 // ---- planners ----------------------------------------------------------------------------------
-PlanShape plan_shape(int64_t t, int32_t h, int64_t wm, int64_t we, int32_t sms) {
-  PlanShape s;
-  s.num_tokens = t;
-  s.num_heads = h;
-  s.width_main = wm;
-  s.width_extra = we;
-  s.num_sms = sms;
-  return s;
-}
-
 void rope_table_fill(const Out& out, const std::string& kind, double theta, bool yarn,
                      double factor, int64_t original_len, double beta_fast, double beta_slow) {
   Call c("build_rope_table");
@@ -1069,7 +1122,7 @@ NB_MODULE(_C, m) {
   m.def(
       "plan",
       [](const std::string& which, int64_t t, int32_t h, int64_t wm, int64_t we, int32_t sms) {
-        const PlanShape s = plan_shape(t, h, wm, we, sms);
+        const PlanShape s{t, h, wm, we, sms};
         if (which == "generic") return plan_generic(s);
         if (which == "specialised") return plan_specialised_ref(s);
         if (which == "sm90-tuned") return plan_sm90_tuned(s);
@@ -1080,14 +1133,14 @@ NB_MODULE(_C, m) {
   m.def(
       "auto_prefers_sm90",
       [](int64_t t, int32_t h, int64_t wm, int64_t we, int32_t sms, bool deterministic) {
-        return auto_prefers_sm90(plan_shape(t, h, wm, we, sms), deterministic);
+        return auto_prefers_sm90({t, h, wm, we, sms}, deterministic);
       },
       "num_tokens"_a, "num_heads"_a, "width_main"_a, "width_extra"_a, "num_sms"_a,
       "deterministic"_a);
   m.def(
       "adaptive_one_wave",
       [](int64_t t, int32_t h, int64_t wm, int64_t we, int32_t sms, int32_t splits) {
-        return adaptive_one_wave(plan_shape(t, h, wm, we, sms), splits);
+        return adaptive_one_wave({t, h, wm, we, sms}, splits);
       },
       "num_tokens"_a, "num_heads"_a, "width_main"_a, "width_extra"_a, "num_sms"_a, "splits"_a);
   m.def("adaptive_active_splits", &adaptive_active_splits, "len_main"_a, "len_extra"_a, "splits"_a,
@@ -1095,63 +1148,70 @@ NB_MODULE(_C, m) {
   m.def(
       "may_skip_extra_scrub",
       [](bool specialised, bool fp8_ds_mla, bool connector, bool has_extra, bool sanitised) {
-        ProvenanceGateInputs g;
-        g.specialised_path = specialised;
-        g.format_is_fp8_ds_mla = fp8_ds_mla;
-        g.kv_connector = connector;
-        g.has_extra_cache = has_extra;
-        g.extra_cache_sanitised = sanitised;
-        return may_skip_extra_scrub(g);
+        return may_skip_extra_scrub({specialised, fp8_ds_mla, connector, has_extra, sanitised});
       },
       "specialised_path"_a, "format_is_fp8_ds_mla"_a, "kv_connector"_a, "has_extra_cache"_a,
       "extra_cache_sanitised"_a);
   m.def(
       "select_gpu_path",
       [](int32_t major, int32_t minor, bool have_sm90a, bool aligned, const std::string& req) {
-        ArchGateInputs g;
-        g.cc_major = major;
-        g.cc_minor = minor;
-        g.have_sm90a_kernels = have_sm90a;
-        g.caches_fast_aligned = aligned;
-        g.requested = parse_path(req);
-        return std::string(path_name(select_gpu_path(g)));
+        return std::string(
+            path_name(select_gpu_path({major, minor, have_sm90a, aligned, parse_path(req)})));
       },
       "cc_major"_a, "cc_minor"_a, "have_sm90a_kernels"_a, "caches_fast_aligned"_a, "requested"_a);
 
+  nb::list inputs, config;
+  for (const char* n : kDecodeInputs) inputs.append(n);
+  for (const auto& [n, d] : kDecodeConfig) config.append(nb::make_tuple(n, d));
+  m.attr("DECODE_INPUTS") = inputs;
+  m.attr("DECODE_CONFIG") = config;
   nb::class_<DecodeArgs>(m, "DecodeArgs")
-      .def(nb::init<>())
-      .def_rw("q", &DecodeArgs::q)
-      .def_rw("main_cache", &DecodeArgs::main_cache)
-      .def_rw("main_indices", &DecodeArgs::main_indices)
-      .def_rw("main_indptr", &DecodeArgs::main_indptr)
-      .def_rw("extra_cache", &DecodeArgs::extra_cache)
-      .def_rw("extra_indices", &DecodeArgs::extra_indices)
-      .def_rw("extra_indptr", &DecodeArgs::extra_indptr)
-      .def_rw("sink", &DecodeArgs::sink)
-      .def_rw("positions", &DecodeArgs::positions)
-      .def_rw("rope", &DecodeArgs::rope)
-      .def_rw("main_block_size", &DecodeArgs::main_block_size)
-      .def_rw("main_width", &DecodeArgs::main_width)
-      .def_rw("extra_block_size", &DecodeArgs::extra_block_size)
-      .def_rw("extra_width", &DecodeArgs::extra_width)
-      .def_rw("scale", &DecodeArgs::scale)
-      .def_rw("num_splits", &DecodeArgs::num_splits)
-      .def_rw("num_sms", &DecodeArgs::num_sms)
-      .def_rw("adaptive_splits", &DecodeArgs::adaptive_splits)
-      .def_rw("deterministic", &DecodeArgs::deterministic)
-      .def_rw("extra_cache_sanitised", &DecodeArgs::extra_cache_sanitised)
-      .def_rw("kv_connector", &DecodeArgs::kv_connector)
-      .def_rw("path", &DecodeArgs::path)
-      .def_rw("out", &DecodeArgs::out)
-      .def_rw("lse", &DecodeArgs::lse)
-      .def_rw("stream", &DecodeArgs::stream);
-  m.def("sparse_decode", &py_sparse_decode, "args"_a, "workspace"_a.none(), "alloc"_a.none());
-  m.def("decode_unsupported", &py_decode_unsupported, "args"_a, "with_out"_a);
-  m.def("decode_num_splits", &py_decode_num_splits, "args"_a);
-  m.def("decode_workspace_size", &decode_workspace_size, "num_tokens"_a, "num_heads"_a,
-        "num_splits"_a);
+      .def(nb::new_(&decode_args), "inputs"_a, "config"_a, "scale"_a, "path"_a, "plan"_a.none(),
+           "stream"_a);
+  m.def("sparse_decode", &py_sparse_decode, "args"_a, "out"_a, "lse"_a.none(),
+        "workspace"_a.none(), "alloc"_a.none());
+  m.def("decode_unsupported", &py_decode_unsupported, "args"_a, "out"_a.none(), "lse"_a.none());
   m.def("sparse_decode_reference", &py_sparse_decode_reference, "args"_a, "out"_a, "lse"_a.none(),
         "abs_mean"_a.none());
+
+  const auto path_str = [](Path p) { return std::string(path_name(p)); };
+#define SPARSEMLA_RO(C, f) .def_ro(#f, &C::f)
+  nb::class_<DecodeShape>(m, "DecodeShape")  // read-only views of the C++ structs
+      SPARSEMLA_RO(DecodeShape, num_tokens) SPARSEMLA_RO(DecodeShape, num_heads)
+      SPARSEMLA_RO(DecodeShape, width_main) SPARSEMLA_RO(DecodeShape, width_extra)
+      SPARSEMLA_RO(DecodeShape, has_extra) SPARSEMLA_RO(DecodeShape, device)
+      SPARSEMLA_RO(DecodeShape, caches_aligned) SPARSEMLA_RO(DecodeShape, num_splits)
+      SPARSEMLA_RO(DecodeShape, adaptive_splits) SPARSEMLA_RO(DecodeShape, deterministic)
+      SPARSEMLA_RO(DecodeShape, num_sms)
+      .def_prop_ro("path", [=](const DecodeShape& s) { return path_str(s.path); });
+  nb::class_<DecodePlan>(m, "DecodePlan")
+      SPARSEMLA_RO(DecodePlan, shape) SPARSEMLA_RO(DecodePlan, num_splits)
+      SPARSEMLA_RO(DecodePlan, num_sms) SPARSEMLA_RO(DecodePlan, adaptive_splits)
+      SPARSEMLA_RO(DecodePlan, one_wave) SPARSEMLA_RO(DecodePlan, fused_combine)
+      SPARSEMLA_RO(DecodePlan, head_blocks_per_cta) SPARSEMLA_RO(DecodePlan, workspace_bytes)
+      .def_prop_ro("path", [=](const DecodePlan& p) { return path_str(p.path); })
+      .def_prop_ro("packed", [](const DecodePlan& p) { return pack(p); });
+  m.def(
+      "plan_decode",
+      [](int64_t t, int32_t h, int64_t wm, int64_t we, bool has_extra, int32_t device,
+         bool aligned, const std::string& path, int32_t splits, bool adaptive, bool det,
+         int32_t sms) {
+        return plan_decode(DecodeShape{
+            .num_tokens = t, .num_heads = h, .width_main = wm, .width_extra = we,
+            .has_extra = has_extra, .device = device, .caches_aligned = aligned,
+            .path = parse_path(path), .num_splits = splits, .adaptive_splits = adaptive,
+            .deterministic = det, .num_sms = sms});
+      },
+      "num_tokens"_a, "num_heads"_a, "width_main"_a, "width_extra"_a, "has_extra"_a, "device"_a,
+      "caches_aligned"_a, "path"_a, "num_splits"_a, "adaptive_splits"_a, "deterministic"_a,
+      "num_sms"_a);
+  m.def(
+      "plan_call",
+      [](const DecodeArgs& a) {
+        Call c("plan_decode");
+        return plan_decode(decode_params(c, a, Out(), Out()));
+      },
+      "args"_a);
   m.def("inverse_rope", &py_inverse_rope, "x"_a, "positions"_a, "rope"_a, "path"_a, "stream"_a = 0);
   m.def("verify_decode_output", &py_verify, "out"_a, "ref"_a, "abs_mean"_a);
   m.def("build_rope_table", &rope_table_fill, "out"_a, "layer"_a, "theta"_a, "yarn"_a, "factor"_a,

@@ -1,5 +1,5 @@
 """sparse_decode (SPEC 4) on the CPU backend against the float64 numpy reference in reference.py, plus
-the queries (is_supported, split count, workspace size), the library's own reference and verifier,
+the queries (is_supported, the call's plan), the library's own reference and verifier,
 and argument errors."""
 
 import math
@@ -225,7 +225,8 @@ def test_strided_q_out_lse_and_explicit_workspace(rng):
     p.q = q_big[:, 1:7]
     out_big = np.full((5, 6, 1024), 0x7FC0, dtype=np.uint16)
     lse_t = np.full((6, 5), np.nan, dtype=np.float32)
-    ws = np.empty(sparsemla.workspace_size(5, 6, 4), dtype=np.uint8)
+    ws = np.empty(sparsemla.plan_decode(5, 6, 0, num_splits=4).workspace_bytes, dtype=np.uint8)
+    assert ws.nbytes == 5 * 4 * 6 * 514 * 4
     res = p.run(out=out_big[:, :, 256:768], lse=lse_t.T, workspace=ws, num_splits=4)
     assert res[0].base is out_big or res[0].base is out_big.base
     assert_verified(out_big[:, :, 256:768], want, a)
@@ -257,7 +258,7 @@ def test_poisoned_caches_are_scrubbed(rng):
     want, _, a = p.reference()
     assert_verified(out, want, a)
     # The CPU path is never the specialised one: asserting a sanitised extra cache changes nothing.
-    assert np.array_equal(p.run(trust_extra_nan_free=True), out)
+    assert np.array_equal(p.run(extra_cache_sanitised=True), out)
 
 
 def test_permuted_lists_give_the_same_result_within_tolerance(rng):
@@ -287,10 +288,11 @@ def test_queries_splits_workspace_and_support(rng):
     # Planner widths default to capacity // T.
     assert s == ref.plan_generic(4, 32, p.main_list[0].shape[0] // 4,
                                  p.extra_list[0].shape[0] // 4, 64)
-    s2 = sparsemla.decode_num_splits(*args, **p.kwargs(planner="specialised", num_sms=132,
-                                                       main_width=128, extra_width=1024))
-    assert s2 == ref.plan_specialised(4, 32, 128, 1024, 132)
-    assert sparsemla.workspace_size(4, 32, 3) == 4 * 3 * 32 * 514 * 4
+    plan = sparsemla.plan_decode_for(*args, **p.kwargs(num_sms=132, main_width=128,
+                                                       extra_width=1024))
+    assert plan.num_splits == ref.plan_generic(4, 32, 128, 1024, 132) and plan.path == "cpu"
+    assert plan == sparsemla.plan_decode(4, 32, 128, 1024, num_sms=132)
+    assert sparsemla.plan_decode(4, 32, 128, 0, num_splits=3).workspace_bytes == 4 * 3 * 32 * 514 * 4
     bad = p.q[:, :0]
     reason = sparsemla.unsupported_reason(bad, *args[1:], **p.kwargs(sink=None))
     assert reason is not None and "num_heads" in reason
@@ -502,11 +504,9 @@ def test_deterministic_row_bits_independent_of_batchmates_num_sms_132(rng):
     # The rule: S is the planner's for T = 1 whatever the batch (also for a named planner).
     assert decode([probes[0]] * 64, True)[0] == ref.plan_generic(1, h, wm, we, cu) == 16
     assert decode([probes[0]] * 64, False)[0] == ref.plan_generic(64, h, wm, we, cu) == 2
-    qb, (mi, mp) = q[:64], ref.ragged(mains[:64])
-    for det, t_plan in ((True, 1), (False, 64)):  # S 32 vs 4
-        s = sparsemla.decode_num_splits(qb, main[0], mi, mp, main_block_size=64, main_width=wm,
-                                        planner="specialised", num_sms=cu, deterministic=det)
-        assert s == ref.plan_specialised(t_plan, h, wm, 0, cu)
+    for det, t_plan in ((True, 1), (False, 64)):  # a plan made from the shape alone: the same
+        plan = sparsemla.plan_decode(64, h, wm, we, num_sms=cu, deterministic=det)
+        assert plan.num_splits == ref.plan_generic(t_plan, h, wm, we, cu)
 
     compared = differences = nondet_differences = 0
     for probe in probes:
@@ -562,8 +562,8 @@ def test_argument_errors_name_the_argument(rng):
         bad = ptr.copy()
         bad[2] = 10**6
         sparsemla.sparse_decode(q, cache, idx, bad, **k)
-    with pytest.raises(sparsemla.Error, match="planner"):
-        sparsemla.sparse_decode(q, cache, idx, ptr, planner="fastest", **k)
+    with pytest.raises(TypeError, match="planner"):  # planning is the library's (plan_decode)
+        sparsemla.sparse_decode(q, cache, idx, ptr, planner="specialised", **k)
     with pytest.raises(sparsemla.Error, match="path"):
         sparsemla.sparse_decode(q, cache, idx, ptr, path="cuda-generic", **k)
     with pytest.raises(TypeError, match="'main_indices'"):

@@ -52,8 +52,8 @@ class Case:
             self.extra_indices = _dense(rng, b, s_q, extra_topk, 200, self.extra_length)
         self.sink = (rng.standard_normal(h) * 2).astype(np.float32)
 
-    def call(self, **kw):
-        meta, _ = get_mla_metadata()
+    def call(self, meta=None, **kw):
+        meta = get_mla_metadata()[0] if meta is None else meta
         k = dict(indices=self.indices, attn_sink=self.sink, topk_length=self.topk_length,
                  is_fp8_kvcache=True)
         if self.extra is not None:
@@ -155,3 +155,54 @@ def test_flashmla_rejects_unsupported_calls(rng):
         flash_mla_with_kvcache(c.q, _paged_view(*c.main), None, None, 576, None, indices=c.indices)
     meta, splits = get_mla_metadata(np.zeros(1, np.int32), 64, 1, num_heads_q=2, topk=64)
     assert splits is None and meta.have_initialized is False
+
+
+def test_flashmla_metadata_holds_the_plan_of_the_first_call(rng):
+    """FlashMLA fills its scheduling metadata in the first call and reuses it: so does the plan."""
+    meta, _ = get_mla_metadata()
+    assert meta.plan is None and not meta.have_initialized
+    first = Case(rng, b=2, s_q=2, h=8)
+    out, lse = first.call(meta)
+    assert meta.have_initialized and isinstance(meta.plan, sparsemla.DecodePlan)
+    assert meta.plan == sparsemla.plan_decode(4, 8, 64, 96)
+    assert np.array_equal(out, first.call()[0])
+    for _ in range(2):  # other layers (caches, lists, lengths), the same shapes: the same plan
+        layer = Case(rng, b=2, s_q=2, h=8)
+        plan = meta.plan
+        got = layer.call(meta)
+        fresh = layer.call()
+        assert meta.plan is plan
+        assert np.array_equal(got[0], fresh[0]) and np.array_equal(got[1], fresh[1])
+    with pytest.raises(ValueError, match=r"argument 'indices'.*topk.* = 64.*got 32"):
+        Case(rng, b=2, s_q=2, h=8, topk=32).call(meta)
+    with pytest.raises(ValueError, match=r"argument 'q'.*h_q.* = 8.*got 4"):
+        Case(rng, b=2, s_q=2, h=4).call(meta)
+    with pytest.raises(ValueError, match=r"argument 'q'.*\(b\) = 2.*got 3"):
+        Case(rng, b=3, s_q=2, h=8).call(meta)
+    with pytest.raises(ValueError, match="argument 'extra_indices_in_kvcache'"):
+        Case(rng, b=2, s_q=2, h=8, extra=False).call(meta)
+
+
+def test_flashmla_reads_the_dense_indices_directly(rng, monkeypatch):
+    """No conversion of FlashMLA's [b, s_q, topk] indices: the decode takes them as dense lists."""
+    def boom(*args, **kwargs):
+        raise AssertionError("a list conversion ran")
+    monkeypatch.setattr(sparsemla._ops, "build_ragged_from_dense", boom)
+    monkeypatch.setattr(sparsemla._C, "build_ragged_from_dense", boom)
+    c = Case(rng, b=2, s_q=3, h=4)
+    out, lse = c.call()
+    want, want_lse, a = c.reference(c.sink)
+    _verified(out, want, a)
+    _lse_close(lse, want_lse)
+    one = Case(rng, b=3, s_q=1, h=4)
+    out, lse = one.call()
+    assert lse.shape == (3, 4, 1) and lse.flags.c_contiguous
+    _lse_close(lse, one.reference(one.sink)[1])
+
+
+def test_flashmla_indices_must_match_q(rng):
+    c = Case(rng, b=2, s_q=2, h=4, extra=False)
+    with pytest.raises(ValueError, match=r"argument 'indices'.*b = 2, s_q = 2"):
+        c.call(indices=c.indices[:1])
+    with pytest.raises(ValueError, match=r"argument 'indices'.*\[b, s_q, topk\]"):
+        c.call(indices=c.indices.reshape(4, -1))

@@ -8,8 +8,9 @@ import pytest
 
 import reference as ref
 import sparsemla
-from sparsemla import flashmla
+from sparsemla import _ops, flashmla
 import test_decode as td
+import test_dense_lists as tdl
 import test_writers as tw
 
 torch = pytest.importorskip("torch")
@@ -146,11 +147,8 @@ def test_sparse_decode_on_tensors_matches_reference(rng, device, h, splits, q_ga
     td.assert_verified(N(out), want, a)
     td.assert_lse_close(N(lse), want_lse)
     # The functional custom op gives the same bits.
-    o2, l2 = torch.ops.sparsemla.sparse_decode(args[0], args[1], p.main[1], args[2], args[3], 0,
-                                               k.get("extra_cache"), p.extra[1],
-                                               k.get("extra_indices"), k.get("extra_indptr"), 0,
-                                               k["sink"], td.SCALE, None, None, splits, "auto", 0,
-                                               False, False, False, "auto")
+    inputs, config, scale, path, plan, _ = _ops._decode_call(*args, dict(k, num_splits=splits))
+    o2, l2 = torch.ops.sparsemla.sparse_decode(inputs, config, scale, path, plan)
     assert torch.equal(o2, out) and torch.equal(l2, lse)
 
 
@@ -170,21 +168,24 @@ def test_fused_inverse_rope_and_standalone_on_tensors(rng, device):
     assert bool(((a - b).abs() <= 2 * ulp).all())
 
 
-def _opcheck_args(rng, device):
+def _opcheck_args(rng, device, **kw):
+    """(inputs, config, scale, path, plan) of a decode, and out, lse."""
     p = td.Problem(rng, 3, 16, main_lens=(50,), extra_lens=(200,))
     args, k = _decode_tensors(p, device)
     out = torch.empty((3, 16, 512), dtype=torch.bfloat16, device=device)
     lse = torch.empty((3, 16), dtype=torch.float32, device=device)
-    return (args[0], args[1], 64, args[2], args[3], 0, k["extra_cache"], 2, k["extra_indices"],
-            k["extra_indptr"], 0, k["sink"], td.SCALE, None, None, 2, "auto", 0, False, False,
-            False, "auto"), out, lse
+    return _ops._decode_call(*args, dict(k, **kw))[:5], out, lse
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_custom_ops_pass_opcheck(rng, device):
-    base, out, lse = _opcheck_args(rng, device)
-    torch.library.opcheck(torch.ops.sparsemla.sparse_decode.default, base)
-    torch.library.opcheck(torch.ops.sparsemla.sparse_decode_out.default, base + (out, lse, None))
+    for kw in (dict(num_splits=2), dict(plan=sparsemla.plan_decode(3, 16, 50, 200, num_splits=2,
+                                                                  device=device))):
+        (inputs, config, scale, path, plan), out, lse = _opcheck_args(rng, device, **kw)
+        base = (inputs, config, scale, path, plan)
+        torch.library.opcheck(torch.ops.sparsemla.sparse_decode.default, base)
+        torch.library.opcheck(torch.ops.sparsemla.sparse_decode_out.default,
+                              (inputs, out, lse, None, config, scale, path, plan))
     dense = T(rng.integers(0, 100, size=(4, 8)).astype(np.int32), device)
     lengths = T(np.array([8, 3, 0, 5], dtype=np.int32), device)
     idx = torch.empty(32, dtype=torch.int32, device=device)
@@ -214,6 +215,17 @@ def _step(q, cache, dense, lengths, req, extra_cache, extra_dense, sink):
     return out * 2, lse
 
 
+def _dense_step(q, cache, dense, lengths, extra_cache, extra_dense, sink, plan):
+    """The same step on dense lists (per-request lengths, 2 rows per request) with a plan made
+    outside: no list builder, no planning."""
+    out, lse = sparsemla.sparse_decode(q, cache, dense, None, main_block_size=64,
+                                       main_lengths=lengths, main_rows_per_length=2,
+                                       extra_cache=extra_cache, extra_indices=extra_dense,
+                                       extra_lengths=lengths, extra_rows_per_length=2,
+                                       extra_block_size=2, sink=sink, plan=plan, return_lse=True)
+    return out * 2, lse
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_torch_compile_fullgraph_equals_eager(rng, device):
     torch._dynamo.reset()
@@ -236,8 +248,19 @@ def test_torch_compile_fullgraph_equals_eager(rng, device):
     got2 = compiled(q, cache, dense, lengths2, req, extra_cache, extra_dense, sink)
     assert torch.equal(got2[0], eager2[0]) and torch.equal(got2[1], eager2[1])
 
-    def fm(qq, kc, ind, tl, ekc, eind, snk):
-        return flashmla.flash_mla_with_kvcache(qq, kc, None, None, 512, None, indices=ind,
+    # Dense lists with a plan made outside the compiled region (the plan the ragged step makes
+    # for itself): the same bits as the ragged step, new lengths in the same graph.
+    plan = sparsemla.plan_decode(t, h, 128, 256, device=q.device)
+    compiled_dense = torch.compile(_dense_step, fullgraph=True)
+    for lens, want in ((lengths, eager), (lengths2, eager2)):
+        args = (q, cache, dense, lens, extra_cache, extra_dense, sink, plan)
+        got = compiled_dense(*args)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        eager_dense = _dense_step(*args)
+        assert torch.equal(eager_dense[0], want[0]) and torch.equal(eager_dense[1], want[1])
+
+    def fm(qq, kc, ind, tl, ekc, eind, snk, meta=None):
+        return flashmla.flash_mla_with_kvcache(qq, kc, None, None, 512, meta, indices=ind,
                                                topk_length=tl, extra_k_cache=ekc,
                                                extra_indices_in_kvcache=eind,
                                                extra_topk_length=tl, attn_sink=snk)
@@ -247,6 +270,12 @@ def test_torch_compile_fullgraph_equals_eager(rng, device):
     ind, eind = dense.view(3, 2, 128), extra_dense.view(3, 2, 256)
     want = fm(q4, kc, ind, lengths, ekc, eind, sink)
     got = torch.compile(fm, fullgraph=True)(q4, kc, ind, lengths, ekc, eind, sink)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    # A metadata initialised by an eager call: the compiled call runs its plan.
+    meta, _ = flashmla.get_mla_metadata()
+    eager_meta = fm(q4, kc, ind, lengths, ekc, eind, sink, meta)
+    assert meta.have_initialized and torch.equal(eager_meta[0], want[0])
+    got = torch.compile(fm, fullgraph=True)(q4, kc, ind, lengths, ekc, eind, sink, meta)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
@@ -271,8 +300,11 @@ def test_torch_compile_writer_mutates_graph_input(rng, device):
 
 # ---- CUDA graphs ----------------------------------------------------------------------------------
 @pytest.mark.gpu
+@pytest.mark.parametrize("lists", ["ragged", "dense"])
 @pytest.mark.parametrize("given_workspace", [True, False])
-def test_cuda_graph_replay_with_changing_lengths_equals_eager(rng, given_workspace):
+def test_cuda_graph_replay_with_changing_lengths_equals_eager(rng, lists, given_workspace):
+    """ragged: the builders and a call that plans itself, captured; dense: the engine pattern, a
+    plan made once outside the graph and dense lists + per-row lengths read by the decode."""
     dev = "cuda"
     t_max, h, w, ew = 8, 64, 128, 512
     q = T(ref.bf16_round_bits_fast(rng.standard_normal((t_max, h, 512)).astype(np.float32)), dev)
@@ -287,17 +319,22 @@ def test_cuda_graph_replay_with_changing_lengths_equals_eager(rng, given_workspa
     eidx, eptr = sparsemla.alloc_ragged(t_max, ew, like=dense)
     out = torch.empty((t_max, h, 512), dtype=torch.bfloat16, device=dev)
     lse = torch.empty((t_max, h), dtype=torch.float32, device=dev)
-    splits = 8
-    ws = (torch.empty(sparsemla.workspace_size(t_max, h, splits), dtype=torch.uint8, device=dev)
+    plan = sparsemla.plan_decode(t_max, h, w, ew, device=dev, num_splits=8)
+    ws = (torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=dev)
           if given_workspace else None)
+    common = dict(main_block_size=64, extra_cache=extra_cache, extra_block_size=2, sink=sink,
+                  out=out, lse=lse, workspace=ws)
 
     def step():
+        if lists == "dense":
+            sparsemla.sparse_decode(q, cache, dense, None, main_lengths=lengths,
+                                    extra_indices=edense, extra_lengths=elengths, plan=plan,
+                                    **common)
+            return
         sparsemla.build_ragged_from_dense(dense, lengths, num_slots=256, out=(idx, ptr))
         sparsemla.build_ragged_from_dense(edense, elengths, num_slots=600, out=(eidx, eptr))
-        sparsemla.sparse_decode(q, cache, idx, ptr, main_block_size=64, main_width=w,
-                                extra_cache=extra_cache, extra_indices=eidx, extra_indptr=eptr,
-                                extra_block_size=2, extra_width=ew, sink=sink,
-                                num_splits=splits, out=out, lse=lse, workspace=ws)
+        sparsemla.sparse_decode(q, cache, idx, ptr, main_width=w, extra_indices=eidx,
+                                extra_indptr=eptr, extra_width=ew, num_splits=8, **common)
 
     def fill():
         dense.copy_(torch.randint(-1, 256, (t_max, w), dtype=torch.int32, device=dev))
@@ -387,6 +424,51 @@ def test_flashmla_on_tensors_matches_sparse_decode_and_reference(rng, device):
                                      sink=T(c.sink, device), return_lse=True)
     assert torch.equal(out.view(8, 16, 512), o2)
     assert torch.equal(lse.transpose(1, 2).reshape(8, 16), l2)
+    # The metadata keeps the first call's plan; later calls run it and give the same bits.
+    again = flashmla.flash_mla_with_kvcache(
+        T(c.q, device), kc, None, None, 512, meta, indices=T(c.indices, device),
+        attn_sink=T(c.sink, device), extra_k_cache=ekc,
+        extra_indices_in_kvcache=T(c.extra_indices, device),
+        topk_length=T(c.topk_length, device), extra_topk_length=T(c.extra_length, device))
+    assert meta.have_initialized and meta.plan.shape.device == (-1 if device == "cpu" else
+                                                                torch.cuda.current_device())
+    assert torch.equal(again[0], out) and torch.equal(again[1], lse)
+    one = tf.Case(rng, b=3, s_q=1, h=16)
+    o1, l1 = flashmla.flash_mla_with_kvcache(
+        T(one.q, device), T(one.main[0], device)[:, :64 * 584].view(3, 64, 1, 584), None, None,
+        512, None, indices=T(one.indices, device), attn_sink=T(one.sink, device),
+        extra_k_cache=T(one.extra[0], device).view(100, 2, 1, 584),
+        extra_indices_in_kvcache=T(one.extra_indices, device),
+        topk_length=T(one.topk_length, device), extra_topk_length=T(one.extra_length, device))
+    assert l1.shape == (3, 16, 1) and l1.is_contiguous()  # written in place: no transpose copy
+    tf._lse_close(N(l1), one.reference(one.sink)[1])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("lengths,s_q", [(None, 1), ("request", 2), ("row", 1)])
+def test_dense_lists_on_tensors_equal_ragged_lists(rng, device, lengths, s_q):
+    """test_dense_lists on tensors: dense lists (strided rows, -1 padding, out-of-range entries,
+    clamped lengths) give the bits of their ragged lists, with a plan reused across layers."""
+    t, h, w, we = 8, 64, 40, 72
+    plan = sparsemla.plan_decode(t, h, w, we, device=device)
+    for _ in range(2):  # two layers, one plan
+        layer = tdl.Layer(rng, t, h, w=w, we=we, s_q=s_q, lengths=lengths)
+        q, cache, ecache = T(layer.q, device), T(layer.main, device), T(layer.extra, device)
+        base = T(layer.dense.base, device)  # keeps the row stride of the strided view
+        dense = base[:, :w]
+        ebase = T(layer.extra_dense.base, device)
+        opt = (lambda x: None if x is None else T(x, device))
+        kw = dict(main_block_size=64, extra_cache=ecache, extra_block_size=2,
+                  sink=T(layer.sink, device), return_lse=True)
+        got = sparsemla.sparse_decode(q, cache, dense, None, main_lengths=opt(layer.lengths),
+                                      main_rows_per_length=layer.rpl, extra_indices=ebase[:, :we],
+                                      extra_lengths=opt(layer.extra_lengths),
+                                      extra_rows_per_length=layer.rpl, plan=plan, **kw)
+        (mi, mp), (ei, ep) = layer.ragged()
+        want = sparsemla.sparse_decode(q, cache, T(mi, device), T(mp, device), main_width=w,
+                                       extra_indices=T(ei, device), extra_indptr=T(ep, device),
+                                       extra_width=we, **kw)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 @pytest.mark.gpu
