@@ -712,9 +712,10 @@ def sparse_decode(q, main_cache, main_indices, main_indptr=None, **kwargs):
     on its batchmates: S planned as if T = 1, no adaptive rule), path.
     extra_cache_sanitised: every reachable extra row was written by this library's compressor in
     sanitising mode (the sm90 path without kv_connector then skips the extra scrub, SPEC 5).
-    out: bf16 ``[T, H, 512]`` and lse: fp32 ``[T, H]`` (any strides) written in place (else
-    allocated): lse is the natural-log log-sum-exp of the scaled scores without the sink, +inf for
-    a row without a valid key (whose output is exact 0); workspace: contiguous, >= the plan's
+    out: bf16 ``[T, H, 512]`` and lse: fp32 ``[T, H]`` (any strides; or FlashMLA's ``[b, H, s_q]``,
+    row t at ``lse[t // s_q, :, t % s_q]``) written in place (else allocated): lse is the
+    natural-log log-sum-exp of the scaled scores without the sink, +inf for a row without a valid
+    key (whose output is exact 0); workspace: contiguous, >= the plan's
     ``workspace_bytes`` (allocated when needed and None). Returns out, or ``(out, lse)`` when
     ``return_lse`` or lse is given.
     """

@@ -116,9 +116,8 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
     FlashMLASchedMeta (its plan is made by the first call and reused) or None (planned per call).
 
     out: bf16 ``[b, s_q, h_q, 512]``; lse: fp32 ``[b, h_q, s_q]`` natural-log log-sum-exp of the
-    scaled scores without the sink, +inf for a row with no valid key (whose output is 0). For
-    s_q == 1 the decode writes lse in place; for s_q > 1 its rows ``[b*s_q, h_q]`` are transposed
-    by one copy (no row stride maps row ``i*s_q + j`` to ``lse[i, :, j]``).
+    scaled scores without the sink, +inf for a row with no valid key (whose output is 0). Both
+    are allocated uninitialised and written in place by the decode (no copy kernel).
     """
     del block_table, cache_seqlens, num_splits, causal
     if not is_fp8_kvcache:
@@ -148,12 +147,7 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
     plan = _plan(tile_scheduler_metadata, (b, s_q, h_q, main.shape[1], extra_topk),
                  (q3, k_cache, main, kw))
     out = _ops._empty(q, (b, s_q, h_q, 512), "like")
-    lse = _ops._empty(q, (b, h_q, s_q) if s_q == 1 else (t, h_q), "float32")
-    _ops.sparse_decode(q3, k_cache, main, None, out=out.reshape(t, h_q, 512),
-                       lse=lse.reshape(t, h_q), plan=plan, **kw)
-    if s_q == 1:
-        return out, lse
-    lse = lse.reshape(b, s_q, h_q)
-    if _ops._is_tensor(lse):
-        return out, lse.transpose(1, 2).contiguous()
-    return out, np.ascontiguousarray(lse.transpose(0, 2, 1))
+    lse = _ops._empty(q, (b, h_q, s_q), "float32")  # written in place: row i*s_q + j at [i, :, j]
+    _ops.sparse_decode(q3, k_cache, main, None, out=out.reshape(t, h_q, 512), lse=lse, plan=plan,
+                       **kw)
+    return out, lse

@@ -848,6 +848,25 @@ void options_from_plan(Call& c, const DecodeArgs& a, DecodeParams& p) {
   p.path = s.path;
 }
 
+// lse fp32 [T, H] (any strides), or FlashMLA's [T / g, H, g] (g = s_q: row t is lse[t / g, :, t % g],
+// written in place by the kernels as rows in groups of g).
+void lse_layout(Call& c, const Out& lse, DecodeParams& p) {
+  c.check("lse", lse, Kind::F32, -1);
+  c.positive_strides("lse", lse);
+  const bool grouped = lse.ndim() == 3;
+  const int64_t g = grouped ? static_cast<int64_t>(lse.shape(2)) : 1;
+  if ((lse.ndim() != 2 && !grouped) || g < 1 || int64_t(lse.shape(0)) * g != p.num_tokens) {
+    c.fail("lse", "[T, H] or FlashMLA's [b, H, s_q] with b * s_q = T = " +
+           std::to_string(p.num_tokens), "shape " + shape_text(lse));
+  }
+  c.dim("lse", lse, 1, p.num_heads, "H (q.shape[1])");
+  p.lse = ptr<float>(lse);
+  p.lse_stride_head = p.num_heads <= 1 ? 1 : lse.stride(1);
+  p.lse_stride_token = g == 1 ? Call::stride_or_default(lse, 0) : lse.stride(2);
+  p.lse_group = i32(c, "lse", g);
+  p.lse_stride_group = g == 1 ? 0 : Call::stride_or_default(lse, 0);
+}
+
 // Fills DecodeParams from the arrays; out (and lse) only when `out` is given (else a query: q's
 // pointer stands in for out, so that the path is resolved from the same device).
 DecodeParams decode_params(Call& c, const DecodeArgs& a, const Out& out, const Out& lse) {
@@ -897,15 +916,7 @@ DecodeParams decode_params(Call& c, const DecodeArgs& a, const Out& out, const O
     p.out_stride_token = Call::stride_or_default(out, 0);
     p.out_stride_head = H <= 1 ? 512 : out.stride(1);
   }
-  if (out.is_valid() && lse.is_valid()) {
-    c.check("lse", lse, Kind::F32, 2);
-    c.positive_strides("lse", lse);
-    c.dim("lse", lse, 0, T, "T (q.shape[0])");
-    c.dim("lse", lse, 1, H, "H (q.shape[1])");
-    p.lse = ptr<float>(lse);
-    p.lse_stride_token = Call::stride_or_default(lse, 0);
-    p.lse_stride_head = H <= 1 ? 1 : lse.stride(1);
-  }
+  if (out.is_valid() && lse.is_valid()) lse_layout(c, lse, p);
   p.extra_cache_sanitised = a.extra_cache_sanitised != 0;
   p.kv_connector = a.kv_connector != 0;
   p.num_splits = i32(c, "num_splits", a.num_splits);

@@ -149,6 +149,25 @@ def test_dense_lengths_clamped_and_all_invalid_rows(rng):
     assert same_bits((out, lse), again)
 
 
+@pytest.mark.parametrize("s_q", [1, 3])
+def test_lse_in_flashmla_layout_written_in_place(rng, s_q):
+    """lse given as FlashMLA's [b, H, s_q]: row t lands at [t // s_q, :, t % s_q], nothing else is
+    written (strided too: a slice of a larger buffer)."""
+    layer = Layer(rng, 2 * s_q, 8, s_q=s_q)
+    out, lse = layer.run_dense()
+    big = np.full((2, 8, s_q + 2), np.nan, np.float32)
+    grouped = big[:, :, 1:1 + s_q]
+    out2 = layer.run_dense(lse=grouped)[0]
+    assert np.array_equal(out2, out)
+    want = lse.reshape(2, s_q, 8).transpose(0, 2, 1)
+    assert np.array_equal(grouped.view(np.uint32), want.view(np.uint32))
+    assert np.isnan(big[:, :, 0]).all() and np.isnan(big[:, :, -1]).all()
+    with pytest.raises(sparsemla.Error, match="argument 'lse'.*b \\* s_q = T"):
+        layer.run_dense(lse=np.zeros((3, 8, s_q), np.float32))
+    with pytest.raises(sparsemla.Error, match="argument 'lse'.*shape\\[1\\]"):
+        layer.run_dense(lse=np.zeros((2, 4, s_q), np.float32))
+
+
 def test_dense_zero_tokens(rng):
     q = np.zeros((0, 8, 512), np.uint16)
     out, lse = sparsemla.sparse_decode(q, make_cache(rng, 1, 64), np.zeros((0, 32), np.int32), None,
