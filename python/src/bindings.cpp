@@ -355,6 +355,17 @@ int64_t rows(Call& c, const std::string& name, const A& a, Kind kind, int64_t n,
   return a.shape(0) <= 1 ? static_cast<int64_t>(a.shape(1)) : a.stride(0);
 }
 
+// A bf16 [T, H, 512] operand (q, out, x): last axis contiguous, positive strides; T, H < 0: any.
+template <class A>
+void heads(Call& c, const std::string& name, const A& a, int64_t T = -1, int64_t H = -1) {
+  c.check(name, a, Kind::Bf16, 3);
+  c.last_contiguous(name, a);
+  c.positive_strides(name, a);
+  if (T >= 0) c.dim(name, a, 0, T, "T (q.shape[0])");
+  if (H >= 0) c.dim(name, a, 1, H, "H (q.shape[1])");
+  c.dim(name, a, 2, Fp8DsMla::kHeadDim, "512");
+}
+
 // ---- quantiser and row dequantisers (CPU) -------------------------------------------------------
 void py_quantize(const In& x, const Out& bytes, const Out& codes, int64_t block, int code_max) {
   Call c("quantize");
@@ -871,10 +882,7 @@ void lse_layout(Call& c, const Out& lse, DecodeParams& p) {
 // pointer stands in for out, so that the path is resolved from the same device).
 DecodeParams decode_params(Call& c, const DecodeArgs& a, const Out& out, const Out& lse) {
   DecodeParams p;
-  c.check("q", a.q, Kind::Bf16, 3);
-  c.last_contiguous("q", a.q);
-  c.positive_strides("q", a.q);
-  c.dim("q", a.q, 2, Fp8DsMla::kHeadDim, "head dim");
+  heads(c, "q", a.q);
   p.num_tokens = static_cast<int64_t>(a.q.shape(0));
   p.num_heads = static_cast<int32_t>(a.q.shape(1));
   const int64_t T = p.num_tokens;
@@ -906,12 +914,7 @@ DecodeParams decode_params(Call& c, const DecodeArgs& a, const Out& out, const O
   }
   p.out = const_cast<bf16_bits*>(p.q);
   if (out.is_valid()) {
-    c.check("out", out, Kind::Bf16, 3);
-    c.last_contiguous("out", out);
-    c.positive_strides("out", out);
-    c.dim("out", out, 0, T, "T (q.shape[0])");
-    c.dim("out", out, 1, H, "H (q.shape[1])");
-    c.dim("out", out, 2, Fp8DsMla::kHeadDim, "512");
+    heads(c, "out", out, T, H);
     p.out = ptr<bf16_bits>(out);
     p.out_stride_token = Call::stride_or_default(out, 0);
     p.out_stride_head = H <= 1 ? 512 : out.stride(1);
@@ -996,10 +999,7 @@ void py_sparse_decode_reference(const DecodeArgs& a, const Out& out, const Out& 
 void py_inverse_rope(const Out& x, const In& positions, const In& rope, const std::string& path,
                      uintptr_t stream) {
   Call c("inverse_rope_inplace");
-  c.check("x", x, Kind::Bf16, 3);
-  c.last_contiguous("x", x);
-  c.positive_strides("x", x);
-  c.dim("x", x, 2, 512, "512");
+  heads(c, "x", x);
   const int64_t T = static_cast<int64_t>(x.shape(0));
   const int32_t H = static_cast<int32_t>(x.shape(1));
   c.vec("positions", positions, Kind::I64, T, "x.shape[0]");
@@ -1014,10 +1014,7 @@ void py_inverse_rope(const Out& x, const In& positions, const In& rope, const st
 
 nb::dict py_verify(const In& out, const In& ref, const In& abs_mean) {
   Call c("verify_decode_output");
-  c.check("out", out, Kind::Bf16, 3);
-  c.last_contiguous("out", out);
-  c.positive_strides("out", out);
-  c.dim("out", out, 2, 512, "512");
+  heads(c, "out", out);
   c.check("ref", ref, Kind::F64, 3);
   c.contiguous_from("ref", ref, 0);
   for (int i = 0; i < 3; ++i)
@@ -1062,12 +1059,7 @@ void rope_table_fill(const Out& out, const std::string& kind, double theta, bool
   } else if (kind == "compressed") {
     cfg = rope_config_compressed_layer();
   } else if (kind == "custom") {
-    cfg.theta = theta;
-    cfg.yarn = yarn;
-    cfg.yarn_factor = factor;
-    cfg.yarn_original_len = original_len;
-    cfg.yarn_beta_fast = beta_fast;
-    cfg.yarn_beta_slow = beta_slow;
+    cfg = {theta, yarn, factor, original_len, beta_fast, beta_slow};
   } else {
     c.fail("layer", "'window', 'compressed' or 'custom'", "'" + kind + "'");
   }
