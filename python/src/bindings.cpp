@@ -768,7 +768,7 @@ std::vector<int64_t> pack(DecodePlan pl) {
 DecodePlan unpack(Call& c, const std::vector<int64_t>& v) {
   DecodePlan pl;
   const bool ok = v.size() == pack(pl).size() && v[0] == kPlanTag;
-  if (!ok) c.fail("plan", "a DecodePlan from sparsemla.plan_decode", std::to_string(v.size()) + " integers");
+  if (!ok) c.fail("plan", "a DecodePlan's packed integers", std::to_string(v.size()) + " integers");
   size_t i = 1;
   plan_fields(pl, [&](auto& x) { x = static_cast<std::remove_reference_t<decltype(x)>>(v[i++]); });
   return pl;
