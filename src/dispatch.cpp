@@ -277,6 +277,35 @@ void check_plan_matches(const DecodePlan& plan, const DecodeShape& s) {
                       "unaligned");
 }
 
+// A plan is plain data (Python carries it as ints): its launch fields must be ones plan_decode
+// can make, and its workspace at least what its S needs, so no plan makes a kernel write past
+// the caller's workspace.
+void check_plan_fields(const DecodePlan& plan) {
+  const int32_t S = plan.num_splits;
+  const bool gpu = plan.path == Path::CudaGeneric || plan.path == Path::CudaSm90;
+  SPARSEMLA_CHECK_ARG(plan.path == Path::Cpu || gpu, kDecodeOp, "plan.path",
+                      "cpu, cuda-generic or cuda-sm90 (a plan from plan_decode)",
+                      path_name(plan.path));
+  SPARSEMLA_CHECK_ARG(S >= 1 && S <= kSpecialisedMaxSplits, kDecodeOp, "plan.num_splits",
+                      "in [1, 32]", S);
+  SPARSEMLA_CHECK_ARG(plan.num_sms >= 1, kDecodeOp, "plan.num_sms", ">= 1", plan.num_sms);
+  SPARSEMLA_CHECK_ARG(plan.one_wave >= 1, kDecodeOp, "plan.one_wave", ">= 1", plan.one_wave);
+  const int32_t hb = plan.head_blocks_per_cta;
+  SPARSEMLA_CHECK_ARG(hb == 1 || hb == 2 || hb == 4, kDecodeOp, "plan.head_blocks_per_cta",
+                      "1, 2 or 4", hb);
+  // A cluster holds a row's splits: at most 8 (the portable cluster size).
+  SPARSEMLA_CHECK_ARG(!plan.fused_combine || (plan.path == Path::CudaSm90 && S >= 2 && S <= 8),
+                      kDecodeOp, "plan.fused_combine", "only on cuda-sm90 with S in [2, 8]",
+                      "set with S = " + std::to_string(S));
+  const DecodeShape& s = plan.shape;
+  const size_t need = S > 1 && !plan.fused_combine && s.num_tokens > 0
+                          ? decode_workspace_size(s.num_tokens, s.num_heads, S)
+                          : 0;
+  SPARSEMLA_CHECK_ARG(plan.workspace_bytes >= need, kDecodeOp, "plan.workspace_bytes",
+                      ">= decode_workspace_size(T, H, S) = " + std::to_string(need),
+                      plan.workspace_bytes);
+}
+
 void check_workspace(const DecodePlan& plan, const void* workspace, size_t workspace_bytes) {
   if (plan.workspace_bytes == 0) return;
   const std::string what = "S = " + std::to_string(plan.num_splits) + " > 1";
@@ -385,6 +414,7 @@ void sparse_decode(const DecodeParams& p, const DecodePlan& plan, void* workspac
                    size_t workspace_bytes) {
   core::validate_decode(kDecodeOp, p);
   check_plan_matches(plan, decode_shape(p));
+  check_plan_fields(plan);
   if (plan.path == Path::Cpu) core::validate_decode_host_data(kDecodeOp, p);
   check_workspace(plan, workspace, workspace_bytes);
   if (p.num_tokens == 0) return;  // nothing to do
