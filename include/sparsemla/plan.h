@@ -36,7 +36,8 @@ int32_t plan_sm90_tuned(const PlanShape& shape);
 // Whether `auto` takes the sm90-specialised path where the architecture gate allows it: where it
 // was measured faster than the generic path on the H200 (docs/PERF.md, sm90 v3 and v3.6): >= 64
 // heads and either >= 16 CTAs of 64 heads (T * ceil(H / 64)), or >= 8 such CTAs with rows of
-// >= 2048 keys (width_main + width_extra); 8..63 heads from T >= 32. Deterministic calls stay
+// >= 2048 keys (width_main + width_extra); 8..63 heads from T * ceil(H / 16) >= 32 (so 8..16 heads
+// from T >= 32, 17..32 from T >= 16). Deterministic calls stay
 // generic (their S may not depend on T, and the rule does).
 bool auto_prefers_sm90(const PlanShape& shape, bool deterministic);
 

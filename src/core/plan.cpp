@@ -157,18 +157,25 @@ int32_t plan_sm90_tuned(const PlanShape& shape) {
 // it wins from 32 query rows at 16 and 32 heads (tp-h16 B=32: 30.3 vs 33.9 us, B=128: 74.3 vs
 // 90.8; tp-h32 B=32: 35.0 vs 55.3, B=128: 74.5 vs 105.4) and loses at B=8 (21.1 vs 20.7, 23.9 vs
 // 23.7 us). 8 heads too, measured with the re-tuned S (record 2026-11-29T23:04Z): tp-h8 B=32
-// 30.0 vs 33.0 us, B=128 74.1 vs 89.7 us (B=8: 21.2 vs 18.7, generic).
+// 30.0 vs 33.0 us, B=128 74.1 vs 89.7 us (B=8: 21.2 vs 18.7, generic). The narrow rule counts
+// 16-head blocks, T * ceil(H / 16) >= 32, from the head sweep of record
+// docs/gpu-runs/2026-12-02T0058Z-main-f244efa.txt (c4-hH-1024, us, sm90 / generic): at B=16
+// sm90 wins from 24 heads (h24 26.0 / 30.4, h32 26.8 / 30.9, h48 31.3 / 57.1) and loses at 8 and
+// 16 heads (generic 22.3, 23.6 us); from B=32 sm90 wins or ties (h8 B=32 32.3 / 32.1) at every
+// head count; B=8 stays generic (tp-h16 22.5 / 19.5, tp-h32 24.4 / 22.5, record
+// 2026-12-02T0018Z).
 constexpr int64_t kSm90MinCtas = 16;
 constexpr int64_t kSm90MinCtasLongRows = 8;
 constexpr int64_t kSm90LongRowKeys = 2048;
 constexpr int32_t kSm90MinNarrowHeads = 8;
-constexpr int64_t kSm90MinNarrowTokens = 32;
+constexpr int64_t kSm90MinNarrowHeadBlocks = 32;
 
 bool auto_prefers_sm90(const PlanShape& shape, bool deterministic) {
   check_shape("auto_prefers_sm90", shape);
   if (deterministic) return false;
   if (shape.num_heads < 64) {
-    return shape.num_heads >= kSm90MinNarrowHeads && shape.num_tokens >= kSm90MinNarrowTokens;
+    return shape.num_heads >= kSm90MinNarrowHeads &&
+           shape.num_tokens * plan_head_blocks(shape.num_heads) >= kSm90MinNarrowHeadBlocks;
   }
   const int64_t ctas = sm90_ctas_per_split(shape);
   const int64_t keys = shape.width_main + shape.width_extra;

@@ -324,17 +324,34 @@ TEST(AutoPrefersSm90, MatchesTheMeasuredCellsOnTheH200) {
     bool sm90_faster;
   };
   const Cell cells[] = {
-      {1, 64, 128, 512, false},   {8, 64, 128, 512, false},    // c4-flash B=1, 8
-      {32, 64, 128, 512, true},   {128, 64, 128, 512, true},   // c4-flash B=32, 128
-      {1, 128, 128, 1024, false}, {8, 128, 128, 1024, true},   // c4-pro B=1, 8
-      {1, 64, 128, 2048, false},  {8, 64, 128, 2048, true},    // c128-fixed B=1, 8
-      {8, 64, 128, 8192, true},   {1, 128, 128, 8192, false},  // c128-h64 B=8, c128-h128 B=1
-      {16, 64, 128, 512, true},                                // mtp-flash B=8 (T = 16)
-      {128, 16, 128, 1024, true}, {32, 32, 128, 1024, true},   // tp-h16 B=128, tp-h32 B=32
-      {32, 16, 128, 1024, true},  {128, 32, 128, 1024, true},  // tp-h16 B=32, tp-h32 B=128
-      {8, 16, 128, 1024, false},  {8, 32, 128, 1024, false},   // tp-h16 / tp-h32 B=8
-      {32, 8, 128, 1024, true},   {128, 8, 128, 1024, true},   // tp-h8 B=32, 128
-      {8, 8, 128, 1024, false},   {128, 4, 128, 1024, false},  // tp-h8 B=8; 4 heads: unmeasured
+      {1, 64, 128, 512, false},
+      {8, 64, 128, 512, false},  // c4-flash B=1, 8
+      {32, 64, 128, 512, true},
+      {128, 64, 128, 512, true},  // c4-flash B=32, 128
+      {1, 128, 128, 1024, false},
+      {8, 128, 128, 1024, true},  // c4-pro B=1, 8
+      {1, 64, 128, 2048, false},
+      {8, 64, 128, 2048, true},  // c128-fixed B=1, 8
+      {8, 64, 128, 8192, true},
+      {1, 128, 128, 8192, false},  // c128-h64 B=8, c128-h128 B=1
+      {16, 64, 128, 512, true},    // mtp-flash B=8 (T = 16)
+      {128, 16, 128, 1024, true},
+      {32, 32, 128, 1024, true},  // tp-h16 B=128, tp-h32 B=32
+      {32, 16, 128, 1024, true},
+      {128, 32, 128, 1024, true},  // tp-h16 B=32, tp-h32 B=128
+      {8, 16, 128, 1024, false},
+      {8, 32, 128, 1024, false},  // tp-h16 / tp-h32 B=8
+      {32, 8, 128, 1024, true},
+      {128, 8, 128, 1024, true},  // tp-h8 B=32, 128
+      {8, 8, 128, 1024, false},
+      {128, 4, 128, 1024, false},  // tp-h8 B=8; 4 heads: unmeasured
+      // head sweep c4-hH-1024 (record 2026-12-02T0058Z): B=16 sm90 from 24 heads
+      {16, 8, 128, 1024, false},
+      {16, 16, 128, 1024, false},  // h8 / h16 B=16: generic
+      {16, 24, 128, 1024, true},
+      {16, 32, 128, 1024, true},  // h24 / h32 B=16
+      {16, 48, 128, 1024, true},
+      {64, 16, 128, 1024, true},  // h48 B=16, h16 B=64
   };
   for (const Cell& c : cells) {
     PlanShape s;

@@ -87,7 +87,10 @@ __device__ __forceinline__ RowRange load_row_range(const DeviceList& list, int64
   if (list.indptr == nullptr) {  // dense: the first len(t) of row t's W entries (clamped)
     int32_t len = list.width;
     if (list.lengths != nullptr) {
-      const int32_t l = __ldg(list.lengths + t / list.rows_per_length);
+      // 32-bit division (T < 2^31 on the CUDA paths): a 64-bit one is a call with a stack frame,
+      // which made the warp-specialised kernel spill.
+      const int32_t l = __ldg(list.lengths + static_cast<uint32_t>(t) /
+                                                 static_cast<uint32_t>(list.rows_per_length));
       len = l < 0 ? 0 : (l > list.width ? list.width : l);
     }
     return {t * list.dense_stride, len};
@@ -504,9 +507,10 @@ __device__ __forceinline__ void store_out_pair(const FinishParams& f, int64_t t,
 
 __device__ __forceinline__ void store_lse(const FinishParams& f, int64_t t, int32_t h, float v) {
   if (f.lse == nullptr) return;
-  const int64_t row = f.lse_group == 1 ? t * f.lse_stride_token
-                                       : (t / f.lse_group) * f.lse_stride_group +
-                                             (t % f.lse_group) * f.lse_stride_token;
+  const uint32_t g = static_cast<uint32_t>(f.lse_group), tt = static_cast<uint32_t>(t);
+  const int64_t row =
+      g == 1 ? t * f.lse_stride_token
+             : int64_t{tt / g} * f.lse_stride_group + int64_t{tt % g} * f.lse_stride_token;
   f.lse[row + h * f.lse_stride_head] = v;
 }
 
