@@ -235,7 +235,7 @@ class Numerics:
 
 
 CPU_FAST = Numerics()
-# The CUDA kernels: eager rescale by default (kDefaultRescaleLag, src/cuda/common/decode_common.cuh);
+# The CUDA kernels: eager rescale by default (Tuning::rescale_lag, src/core/tuning.h);
 # SPARSEMLA_RESCALE_LAG=<nats> changes the kernels and this model alike (measurement only).
 GPU = Numerics(qk="exact", exp_arg="sub_mul", rescale=float(os.environ.get("SPARSEMLA_RESCALE_LAG") or 0),
                finish="recip")

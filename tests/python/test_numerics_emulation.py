@@ -149,7 +149,7 @@ def test_gpu_output_error_is_the_emulated_kernel_error(rng, path, splits):
     """The GPU kernels round where ne.GPU says (issue 30): on model-magnitude data their rel-Frobenius
     error vs the float64 reference is the GPU model's within 10%, and their output is much closer
     to the model's output than either is to the reference. When a kernel's numerics change (e.g.
-    kDefaultRescaleLag, SPARSEMLA_RESCALE_LAG), ne.GPU must change with it. Not run without a GPU."""
+    Tuning::rescale_lag in src/core/tuning.h, SPARSEMLA_RESCALE_LAG), ne.GPU must change with it. Not run without a GPU."""
     torch = pytest.importorskip("torch")
 
     def dev(a):

@@ -149,10 +149,6 @@ __device__ __forceinline__ void cp_async_wait_all() {
 }
 
 inline constexpr float kLog2e = 1.4426950408889634f;
-// Nats the running max may lag the tile max before acc and l are rescaled. 0 = eager: m is always
-// the max so far, the key that set it gets p = 1 exactly (docs/NUMERICS.md: the lazy 8 nats made
-// our error 1.2-1.4x FlashMLA's). SPARSEMLA_RESCALE_LAG=<nats> overrides it (measurement only).
-inline constexpr float kDefaultRescaleLag = 0.0f;
 // 2^x (MUFU.EX2; denormal results flush to 0).
 __device__ __forceinline__ float exp2_ftz(float x) {
   float y;

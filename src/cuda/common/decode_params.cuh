@@ -26,7 +26,7 @@ struct DecodeKernelParams {
   int64_t q_stride_head;
   int32_t q_vec16;  // q and its strides allow 16-byte loads
   float scale;
-  float rescale_lag;  // nats (kDefaultRescaleLag; SPARSEMLA_RESCALE_LAG)
+  float rescale_lag;  // nats the running max may lag (core::Tuning::rescale_lag, default 0)
   DeviceCache main_cache;
   DeviceCache extra_cache;
   DeviceList main_list;

@@ -20,6 +20,7 @@
 #include <mutex>
 #include <string>
 
+#include "core/tuning.h"
 #include "cuda/common/decode_common.cuh"
 #include "cuda/common/decode_params.cuh"
 #include "cuda/common/device_info.h"
@@ -284,27 +285,6 @@ void opt_in_smem() {
       "cudaFuncSetAttribute(decode_partial_kernel)");
 }
 
-// SPARSEMLA_GENERIC_WS=0 keeps HB = 4 on the 256-thread kernel (measurement only).
-bool ws_disabled() {
-  const char* s = std::getenv("SPARSEMLA_GENERIC_WS");
-  return s != nullptr && s[0] == '0';
-}
-
-// kDefaultRescaleLag, or SPARSEMLA_RESCALE_LAG=<nats> (read once; measurement only, e.g. 8 for
-// the lazy rescale the kernels had before docs/NUMERICS.md).
-float rescale_lag() {
-  static const float lag = [] {
-    const char* s = std::getenv("SPARSEMLA_RESCALE_LAG");
-    if (s == nullptr || s[0] == '\0') return cuda::kDefaultRescaleLag;
-    char* end = nullptr;
-    const float v = std::strtof(s, &end);
-    SPARSEMLA_CHECK_ARG(end != s && *end == '\0' && v >= 0.0f && v <= 64.0f, "sparse_decode",
-                        "SPARSEMLA_RESCALE_LAG", "a number of nats in [0, 64]", s);
-    return v;
-  }();
-  return lag;
-}
-
 // Dynamic shared memory above 48 KiB needs an opt-in per device and kernel (not a stream
 // operation, so it is legal during graph capture); done once per device for the configurations
 // that fit.
@@ -328,8 +308,8 @@ const LaunchFacts& launch_facts() {
     cudaFuncAttributes ws_attr{};
     cuda::check_cuda(cudaFuncGetAttributes(&ws_attr, decode_partial_ws_kernel),
                      "cudaFuncGetAttributes(decode_partial_ws_kernel)");
-    f.ws =
-        ws_attr.binaryVersion >= 90 && partial_ws::WsSmem::kBytes <= f.max_smem && !ws_disabled();
+    f.ws = ws_attr.binaryVersion >= 90 && partial_ws::WsSmem::kBytes <= f.max_smem &&
+           core::tuning().generic_ws;
     if (f.ws) {
       cuda::check_cuda(cudaFuncSetAttribute(decode_partial_ws_kernel,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -345,24 +325,13 @@ int smem_bytes_of(int32_t heads_blocks) {
                            : (heads_blocks == 2 ? Cfg<2>::kSmemBytes : Cfg<1>::kSmemBytes);
 }
 
-// SPARSEMLA_GENERIC_HB=1|2|4 forces the head blocks per CTA (measurement only; ignored when the
-// configuration does not fit the device).
-int32_t forced_head_blocks() {
-  static const int32_t forced = [] {
-    const char* s = std::getenv("SPARSEMLA_GENERIC_HB");
-    const int v = s != nullptr ? std::atoi(s) : 0;
-    return (v == 1 || v == 2 || v == 4) ? v : 0;
-  }();
-  return forced;
-}
-
 // Head blocks per CTA: the most (fewest gathers and dequantisations per key) whose grid still
 // covers at least 3/4 of the SMs; small grids (small batch) take fewer heads per CTA and more
 // CTAs, which shortens each CTA's critical path.
 int32_t head_blocks_per_cta(int64_t num_tokens, int32_t splits, int32_t num_heads, int32_t sms,
                             int max_smem) {
   const int64_t hb = plan_head_blocks(num_heads);
-  const int32_t forced = forced_head_blocks();
+  const int32_t forced = core::tuning().generic_head_blocks;  // measurement knob
   if (forced != 0 && smem_bytes_of(forced) <= max_smem) return forced;
   const int32_t cap = hb >= 3 ? 4 : static_cast<int32_t>(hb);
   for (int32_t n = cap; n > 1; n /= 2) {
@@ -494,7 +463,7 @@ DecodeKernelParams decode_kernel_params(const DecodeParams& p, const DecodePlan&
   k.q = reinterpret_cast<const __nv_bfloat16*>(p.q);
   k.q_stride_head = p.q_stride_head;
   k.scale = p.scale;
-  k.rescale_lag = rescale_lag();
+  k.rescale_lag = core::tuning().rescale_lag;
   k.q_stride_token = p.q_stride_token != 0 ? p.q_stride_token : p.num_heads * 512LL;
   k.q_vec16 = aligned(p.q, 16) && k.q_stride_token % 8 == 0 && p.q_stride_head % 8 == 0;
   k.main_cache = device_cache(p.main_cache);

@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <mutex>
 
+#include "core/tuning.h"
 #include "cuda/common/decode_common.cuh"
 #include "cuda/common/decode_params.cuh"
 #include "cuda/common/device_info.h"
@@ -102,13 +103,9 @@ static_assert(kBarrierOffset % 8 == 0, "mbarriers are 8-byte aligned");
 using Sm90Params = cuda::DecodeKernelParams;  // the decode kernels' one parameter struct
 
 // The most splits the fused combine takes (the host rule below; the kernel is instantiated for
-// 2..kFusedMaxSplits only). A compile definition, default 2, so measurements can widen it.
-#ifndef SPARSEMLA_SM90_FUSED_MAX_SPLITS
-#define SPARSEMLA_SM90_FUSED_MAX_SPLITS 2
-#endif
-constexpr int32_t kFusedMaxSplits = SPARSEMLA_SM90_FUSED_MAX_SPLITS;
-static_assert(kFusedMaxSplits >= 2 && kFusedMaxSplits <= cuda::kMaxFusedSplits,
-              "the kernel fuses 2..8 splits");
+// 2..kFusedMaxSplits only): a compile-time knob of src/core/tuning.h.
+constexpr int32_t kFusedMaxSplits = core::kSm90FusedMaxSplits;
+static_assert(kFusedMaxSplits <= cuda::kMaxFusedSplits, "the kernel fuses 2..8 splits");
 
 // Device code exists only in the sm_90a cubin (and the host pass); other targets get an empty
 // kernel.

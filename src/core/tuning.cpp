@@ -1,0 +1,47 @@
+// The library's measurement knobs (src/core/tuning.h), read once per process.
+#include "core/tuning.h"
+
+#include <cstdlib>
+#include <string>
+
+#include "sparsemla/error.h"
+
+namespace sparsemla::core {
+namespace {
+
+const char* env(const char* name) {
+  const char* s = std::getenv(name);
+  return s != nullptr && s[0] != '\0' ? s : nullptr;
+}
+
+Tuning read_tuning() {
+  Tuning t;
+  if (const char* s = env("SPARSEMLA_GENERIC_WS")) {
+    const std::string v(s);
+    SPARSEMLA_CHECK_ARG(v == "0" || v == "1", "tuning", "SPARSEMLA_GENERIC_WS", "0 or 1", v);
+    t.generic_ws = v == "1";
+  }
+  if (const char* s = env("SPARSEMLA_GENERIC_HB")) {
+    const std::string v(s);
+    SPARSEMLA_CHECK_ARG(v == "1" || v == "2" || v == "4", "tuning", "SPARSEMLA_GENERIC_HB",
+                        "1, 2 or 4", v);
+    t.generic_head_blocks = std::stoi(v);
+  }
+  if (const char* s = env("SPARSEMLA_RESCALE_LAG")) {
+    char* end = nullptr;
+    const float v = std::strtof(s, &end);
+    SPARSEMLA_CHECK_ARG(end != s && *end == '\0' && v >= 0.0f && v <= 64.0f, "tuning",
+                        "SPARSEMLA_RESCALE_LAG", "a number of nats in [0, 64]", s);
+    t.rescale_lag = v;
+  }
+  return t;
+}
+
+}  // namespace
+
+const Tuning& tuning() {
+  static const Tuning t = read_tuning();
+  return t;
+}
+
+}  // namespace sparsemla::core
