@@ -1,6 +1,6 @@
 // src/cuda/common/warp_mma.cuh: the warp-level tensor primitives of the portable decode (sm_80+):
 // shared-memory addresses, ldmatrix (plain and transposed) and mma.sync m16n8k16 bf16 -> fp32.
-// `sparsemla bench --mma-peak` (tools/mma_peak.cu) times these same wrappers for the ceiling of
+// `sparsemla bench --mma-peak` (bench/mma_peak.cu) times these same wrappers for the ceiling of
 // the generic path.
 #pragma once
 

@@ -1,4 +1,4 @@
-// tools/commands.h: each subcommand of the `sparsemla` CLI registers itself on the app.
+// tools/cli/commands.h: each subcommand of the `sparsemla` CLI registers itself on the app.
 #pragma once
 
 #include <CLI/CLI.hpp>

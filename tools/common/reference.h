@@ -1,4 +1,4 @@
-// tools/reference.h: the float64 reference of a Problem (SPEC 9.9) for the tools' verdicts, with
+// tools/common/reference.h: the float64 reference of a Problem (SPEC 9.9) for the tools' verdicts, with
 // progress lines, and a store that computes it once per problem and scrub decision.
 #pragma once
 

@@ -1,4 +1,4 @@
-// tools/launch_floor.cu: `sparsemla bench --launch-floor`: what a decode call costs before any
+// bench/launch_floor.cu: `sparsemla bench --launch-floor`: what a decode call costs before any
 // work, timed exactly like a bench cell (CUDA-graph replay, L2 written cold before each replay,
 // events around the replay). Three graphs of empty kernels:
 //   one:      1 CTA of 32 threads;

@@ -1,4 +1,4 @@
-// tools/fast_rng.h: the tools' random source (`run`'s problems, `serve-sim`'s caches and traces).
+// tools/common/fast_rng.h: the tools' random source (`run`'s problems, `serve-sim`'s caches and traces).
 #pragma once
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-// tools/bench_timer.h: timing one decode call of a Problem on a path (`sparsemla bench` and `run`).
+// bench/bench_timer.h: timing one decode call of a Problem on a path (`sparsemla bench` and `run`).
 #pragma once
 
 #include <string>
@@ -32,10 +32,10 @@ Timing time_decode_cuda(const Problem& pb, Path path, const TimingOptions& o);
 // CUDA builds only: prints the launch floor (graphs of empty kernels timed like a cell).
 void print_launch_floor(const TimingOptions& o);
 // CUDA builds only: prints how fast the rows of the problem's decode come back from memory alone
-// (by index and in order; tools/gather_only.cu), timed like a cell.
+// (by index and in order; bench/gather_only.cu), timed like a cell.
 void print_gather_only(const std::string& shape, const Problem& pb, const TimingOptions& o);
 // CUDA builds only: prints the mma.sync ceiling of the generic path's tensor work
-// (tools/mma_peak.cu).
+// (bench/mma_peak.cu).
 void print_mma_peak(const TimingOptions& o);
 
 }  // namespace sparsemla::tools

@@ -1,4 +1,4 @@
-// tools/gather_only.cu: `sparsemla bench --gather-only`: how fast the memory system returns the
+// bench/gather_only.cu: `sparsemla bench --gather-only`: how fast the memory system returns the
 // rows one decode call reads, with nothing else done with them. For each bench cell, the same
 // caches and index lists as the decode (every attended key's 576 data bytes and 8-byte scale word),
 // timed exactly like a cell (CUDA-graph replay, L2 written cold first, median):

@@ -1,4 +1,4 @@
-// tools/bench_problem.h: the standard benchmark shapes of SPEC 10 and their problems.
+// bench/bench_problem.h: the standard benchmark shapes of SPEC 10 and their problems.
 //
 // Two kinds of data (`sparsemla bench --data`), both with model-magnitude rows (SPEC 9.9: latents
 // N(0,1) times a gain exp(0.7 N(0,1)) per (token, 64-dim tile), the 7 NoPE tiles quantised by the

@@ -1,4 +1,4 @@
-// tools/problem.h: a realistic DSV4 decode problem for one layer kind, built the way an engine
+// tools/common/problem.h: a realistic DSV4 decode problem for one layer kind, built the way an engine
 // builds it: caches filled through the writers from random model-like inputs, index lists through
 // the builders. Host memory; `sparsemla run` and `sparsemla bench` mirror it to the GPU when asked.
 #pragma once

@@ -1,4 +1,4 @@
-// tools/serve_sim.h: `sparsemla serve-sim`, the attention part of whole DeepSeek-V4 decode steps
+// tools/serve_sim/serve_sim.h: `sparsemla serve-sim`, the attention part of whole DeepSeek-V4 decode steps
 // replayed the way an engine runs them (docs/SERVE-SIM.md).
 //
 // One simulation = one model slice, one captured batch size and a list of paths. Every selected

@@ -1,4 +1,4 @@
-// tools/runner.h: runs a built Problem's decode on a path and times it.
+// tools/common/runner.h: runs a built Problem's decode on a path and times it.
 #pragma once
 
 #include <functional>

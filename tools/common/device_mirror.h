@@ -1,4 +1,4 @@
-// tools/device_mirror.h: device copies of a host Problem and the CUDA helpers the tools share
+// tools/common/device_mirror.h: device copies of a host Problem and the CUDA helpers the tools share
 // (stream, events, graph capture). CUDA builds only.
 #pragma once
 

@@ -1,4 +1,4 @@
-// tools/mma_peak.cu: `sparsemla bench --mma-peak`: the ceiling of the portable decode path's
+// bench/mma_peak.cu: `sparsemla bench --mma-peak`: the ceiling of the portable decode path's
 // tensor work on this GPU. The generic partial kernel (src/cuda/generic/) runs every Q.K and P.V
 // as mma.sync m16n8k16 (bf16 in, fp32 accumulate); on Hopper that instruction does not reach the
 // wgmma peak, so the roofline floor of SPEC 10 (wgmma peak, HBM bandwidth) is not what bounds it.
