@@ -1,5 +1,6 @@
 """sparsemla: DeepSeek-V4 sparse MLA decode against an FP8 paged KV cache, with its cache writers,
-list builders, decode plans, planners and gates (see docs/PYTHON.md).
+list builders and decode plans (see docs/PYTHON.md); the planner and gate functions behind
+`plan_decode` are in `sparsemla.testing`.
 
 numpy arrays run on the CPU backend; torch CUDA tensors on the GPU, zero copy through DLPack, on
 the tensor's current stream. When torch is importable the operations are also registered as
@@ -18,16 +19,14 @@ if not _os.environ.get("SPARSEMLA_NO_TORCH"):
 
 from . import _C  # noqa: E402
 from ._ops import (BYTES_PER_TOKEN, DEFAULT_SCALE, INDEXER_BYTES_PER_TOKEN, DecodePlan, Error,
-                   adaptive_active_splits, adaptive_one_wave, alloc_ragged, auto_prefers_sm90,
-                   bf16_bits_to_float,
-                   build_compressed_all_lists, build_ragged_from_dense, build_rope_table,
-                   build_topk_lists, build_window_lists, built_with_cuda, compress,
-                   compress_indexer, decode_num_splits, dequantize_indexer_rows, dequantize_rows,
-                   float_to_bf16_bits, gather_indexer_keys, inverse_rope, is_supported,
-                   max_compressed_entries, may_skip_extra_scrub, plan_decode, plan_decode_for,
-                   plan_generic, plan_iters, plan_sm90_tuned, plan_specialised_ref, quantize,
-                   quantize_indexer, select_gpu_path, sparse_decode, sparse_decode_reference,
-                   unsupported_reason, verify_decode_output, write_compressor_state, write_window)
+                   alloc_ragged, bf16_bits_to_float, build_compressed_all_lists,
+                   build_ragged_from_dense, build_rope_table, build_topk_lists, build_window_lists,
+                   built_with_cuda, compress, compress_indexer, decode_num_splits,
+                   dequantize_indexer_rows, dequantize_rows, float_to_bf16_bits,
+                   gather_indexer_keys, inverse_rope, is_supported, max_compressed_entries,
+                   plan_decode, plan_decode_for, quantize, quantize_indexer, sparse_decode,
+                   sparse_decode_reference, unsupported_reason, verify_decode_output,
+                   write_compressor_state, write_window)
 
 __version__ = _C.__version__
 
@@ -39,17 +38,16 @@ if _torch is not None:
     HAS_TORCH_OPS = True
 
 from . import flashmla  # noqa: E402
+from . import testing  # noqa: E402
 
 __all__ = [
-    "BYTES_PER_TOKEN", "DEFAULT_SCALE", "INDEXER_BYTES_PER_TOKEN", "DecodePlan", "Error",
-    "HAS_TORCH_OPS", "__version__", "adaptive_active_splits", "adaptive_one_wave", "alloc_ragged",
-    "auto_prefers_sm90", "bf16_bits_to_float", "build_compressed_all_lists",
+    "__version__", "alloc_ragged", "bf16_bits_to_float", "build_compressed_all_lists",
     "build_ragged_from_dense", "build_rope_table", "build_topk_lists", "build_window_lists",
-    "built_with_cuda", "compress", "compress_indexer", "decode_num_splits",
-    "dequantize_indexer_rows", "dequantize_rows", "flashmla", "float_to_bf16_bits",
-    "gather_indexer_keys", "inverse_rope", "is_supported", "max_compressed_entries",
-    "may_skip_extra_scrub", "plan_decode", "plan_decode_for", "plan_generic", "plan_iters",
-    "plan_sm90_tuned", "plan_specialised_ref", "quantize", "quantize_indexer", "select_gpu_path",
-    "sparse_decode", "sparse_decode_reference", "unsupported_reason", "verify_decode_output",
+    "built_with_cuda", "BYTES_PER_TOKEN", "compress", "compress_indexer", "decode_num_splits",
+    "DecodePlan", "DEFAULT_SCALE", "dequantize_indexer_rows", "dequantize_rows", "Error",
+    "flashmla", "float_to_bf16_bits", "gather_indexer_keys", "HAS_TORCH_OPS",
+    "INDEXER_BYTES_PER_TOKEN", "inverse_rope", "is_supported", "max_compressed_entries",
+    "plan_decode", "plan_decode_for", "quantize", "quantize_indexer", "sparse_decode",
+    "sparse_decode_reference", "testing", "unsupported_reason", "verify_decode_output",
     "write_compressor_state", "write_window",
 ]

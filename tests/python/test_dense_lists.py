@@ -1,4 +1,4 @@
-"""Dense index lists (SPEC 4.6: FlashMLA's [T, W] indices + lengths, read by the decode directly)
+"""Dense index lists (CONTRACT 4.6: FlashMLA's [T, W] indices + lengths, read by the decode directly)
 against the ragged lists build_ragged_from_dense makes from them, and decode plans (plan once, run
 many): a plan reused across layers gives what planning per call gives, a plan of another shape is
 refused naming the field. numpy here (CPU backend); test_torch.py runs them on tensors (CPU, GPU)."""
@@ -45,7 +45,7 @@ def as_ragged(dense, lengths, rpl):
 
 
 def python_rows(dense, lengths, rpl):
-    """The rows of a dense list written out here (SPEC 4.6), as a ragged list for reference.decode."""
+    """The rows of a dense list written out here (CONTRACT 4.6), as a ragged list for reference.decode."""
     t, w = dense.shape
     lens = [w if lengths is None else min(max(int(lengths[i // rpl]), 0), w) for i in range(t)]
     return ref.ragged([list(dense[i, :lens[i]]) for i in range(t)])
@@ -216,7 +216,7 @@ def test_dense_list_argument_errors_name_the_argument(rng):
 def test_plan_fields_are_the_planners_and_read_only():
     plan = sparsemla.plan_decode(6, 32, 128, 512, num_sms=64)
     assert isinstance(plan, sparsemla.DecodePlan) and plan.path == "cpu"
-    assert plan.num_splits == sparsemla.plan_generic(6, 32, 128, 512, 64) and plan.num_sms == 64
+    assert plan.num_splits == sparsemla.testing.plan_generic(6, 32, 128, 512, 64) and plan.num_sms == 64
     s = plan.shape
     assert (s.num_tokens, s.num_heads, s.width_main, s.width_extra, s.has_extra, s.device) == \
         (6, 32, 128, 512, True, -1)
@@ -238,7 +238,7 @@ def test_plan_fields_are_the_planners_and_read_only():
     assert "num_splits" in repr(plan) and "cpu" in repr(plan)
     det = sparsemla.plan_decode(64, 16, 128, 512, num_sms=132, deterministic=True,
                                 adaptive_splits=True)
-    assert det.num_splits == sparsemla.plan_generic(1, 16, 128, 512, 132) and not det.adaptive_splits
+    assert det.num_splits == sparsemla.testing.plan_generic(1, 16, 128, 512, 132) and not det.adaptive_splits
 
 
 def test_plan_of_a_call_equals_the_plan_of_its_shape(rng):
