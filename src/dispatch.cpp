@@ -161,7 +161,7 @@ bool cache_fast_aligned(const CacheView& c) {
 
 using cuda::current_device;
 
-// A CUDA shape through the architecture gate (SPEC 7): the sm90-specialised kernels on a cc 9.0
+// A CUDA shape through the architecture gate (CONTRACT 7): the sm90-specialised kernels on a cc 9.0
 // device when this build holds their sm_90a cubin and the caches are 16-byte aligned; the generic
 // path otherwise (forcing cuda-sm90 where it cannot run throws). Auto takes sm90 only where it was
 // measured faster (auto_prefers_sm90, plan.h).
@@ -227,7 +227,7 @@ int32_t plan_sms(const DecodeShape& s) {
   return cpu::cpu_thread_count();
 }
 
-// S: the caller's, else the path's planner (SPEC 4.4; widths = the lists' dense widths).
+// S: the caller's, else the path's planner (CONTRACT 4.4; widths = the lists' dense widths).
 // Deterministic calls plan as if T = 1, so S of a row never depends on the batch it is in.
 int32_t plan_splits(const DecodeShape& s, Path path, PlanShape ps) {
   if (s.num_splits > 0) return s.num_splits;
@@ -330,7 +330,7 @@ size_t decode_workspace_size(int64_t num_tokens, int32_t num_heads, int32_t num_
                       num_heads);
   SPARSEMLA_CHECK_ARG(num_splits >= 1 && num_splits <= kSpecialisedMaxSplits, op, "num_splits",
                       "in [1, 32]", num_splits);
-  // m, l fp32 [T, S, H] + acc fp32 [T, S, H, 512] (SPEC 4.3).
+  // m, l fp32 [T, S, H] + acc fp32 [T, S, H, 512] (CONTRACT 4.3).
   const int64_t rows = num_tokens * num_splits * num_heads;
   return static_cast<size_t>(rows) * (2 + Fp8DsMla::kHeadDim) * sizeof(float);
 }

@@ -1,5 +1,5 @@
-// sparsemla/backend.h: where an operation runs, the architecture gate (SPEC 7) and the NaN
-// provenance gate (SPEC 5). All are pure functions of their inputs.
+// sparsemla/backend.h: where an operation runs, the architecture gate (CONTRACT 7) and the NaN
+// provenance gate (CONTRACT 5). All are pure functions of their inputs.
 #pragma once
 
 #include <cstdint>
@@ -16,7 +16,7 @@ const char* path_name(Path p);
 // Parses "auto", "cpu", "cuda-generic", "cuda-sm90"; throws sparsemla::Error otherwise.
 Path parse_path(const std::string& name);
 
-// Inputs of the architecture gate (SPEC 7).
+// Inputs of the architecture gate (CONTRACT 7).
 struct ArchGateInputs {
   int32_t cc_major = 0;  // device compute capability
   int32_t cc_minor = 0;
@@ -28,7 +28,7 @@ struct ArchGateInputs {
 // or when forced (forcing sm90 where it cannot run throws). Everything else: CudaGeneric.
 Path select_gpu_path(const ArchGateInputs& in);
 
-// Inputs of the NaN provenance gate (SPEC 5).
+// Inputs of the NaN provenance gate (CONTRACT 5).
 struct ProvenanceGateInputs {
   bool specialised_path = false;       // the call runs on the sm90-specialised path
   bool format_is_fp8_ds_mla = true;    // the extra cache is in the fp8_ds_mla format

@@ -1,6 +1,6 @@
-// sparsemla/decode.h: the sparse MLA decode of SPEC 4 (one softmax over the main and extra lists,
-// attention sink, split-K partials + combine, fused inverse RoPE, NaN scrub per the provenance
-// gate).
+// sparsemla/decode.h: the sparse MLA decode of CONTRACT 4 (one softmax over the main and extra
+// lists, attention sink, split-K partials + combine, fused inverse RoPE, NaN scrub per the
+// provenance gate).
 //
 // Shapes: q bf16 [T, H, 512]; out bf16 [T, H, 512]; lse fp32 [T, H] (optional). Strides in
 // elements, last dim contiguous. Pointers live where the path runs (host for Cpu, device for CUDA).
@@ -50,13 +50,13 @@ struct DecodeParams {
   int32_t lse_group = 1;
   int64_t lse_stride_group = 0;  // (0: lse_group * the token stride)
 
-  // Provenance gate inputs (SPEC 5); the extra scrub is skipped only when the gate holds.
+  // Provenance gate inputs (CONTRACT 5); the extra scrub is skipped only when the gate holds.
   bool extra_cache_sanitised = false;
   bool kv_connector = false;
 
   int32_t num_splits = 0;        // S; 0: the path's planner picks it
-  bool adaptive_splits = false;  // SPEC 4.5 (specialised path)
-  int32_t num_sms = 0;           // CU of the planner and of the adaptive rule (SPEC 4.4/4.5);
+  bool adaptive_splits = false;  // CONTRACT 4.5 (specialised path)
+  int32_t num_sms = 0;           // CU of the planner and of the adaptive rule (CONTRACT 4.4/4.5);
                                  // 0: the path's own (CPU: OpenMP threads; GPU: its SMs)
   // Batch invariance: a row's output (and lse) is bitwise identical across runs and whatever its
   // batchmates. With num_splits == 0 the planner then sees T = 1, so S depends only on H, the
@@ -71,7 +71,7 @@ struct DecodeParams {
 // Workspace bytes for (T, H, S): partials m, l fp32 [T, S, H] and acc fp32 [T, S, H, 512].
 size_t decode_workspace_size(int64_t num_tokens, int32_t num_heads, int32_t num_splits);
 
-// ---- plan once, run many (SPEC 4.4) ------------------------------------------------------------
+// ---- plan once, run many (CONTRACT 4.4) --------------------------------------------------------
 // What a decode plan depends on: shapes and placement only, never list contents or GPU memory.
 // An engine plans once per step and runs every layer with the same shapes from the plan.
 struct DecodeShape {
@@ -84,7 +84,7 @@ struct DecodeShape {
   bool caches_aligned = true;  // both caches' base and page stride 16-byte aligned (sm90 needs it)
   Path path = Path::Auto;      // requested path
   int32_t num_splits = 0;      // S forced by the caller; 0: the path's planner
-  bool adaptive_splits = false;  // SPEC 4.5 (sm90 path; ignored when deterministic)
+  bool adaptive_splits = false;  // CONTRACT 4.5 (sm90 path; ignored when deterministic)
   bool deterministic = false;    // DecodeParams::deterministic
   int32_t num_sms = 0;           // CU; 0: the path's own (CPU: OpenMP threads; GPU: its SMs)
 };
@@ -95,8 +95,8 @@ struct DecodePlan {
   Path path = Path::Cpu;         // resolved: Cpu, CudaGeneric or CudaSm90
   int32_t num_splits = 1;        // S
   int32_t num_sms = 1;           // CU used by the planner and by the adaptive rule
-  bool adaptive_splits = false;  // SPEC 4.5 applies (shape.adaptive_splits && !deterministic)
-  int32_t one_wave = 1;          // ONE_WAVE of SPEC 4.5 (when adaptive_splits)
+  bool adaptive_splits = false;  // CONTRACT 4.5 applies (shape.adaptive_splits && !deterministic)
+  int32_t one_wave = 1;          // ONE_WAVE of CONTRACT 4.5 (when adaptive_splits)
   bool fused_combine = false;    // sm90: a row's S = 2 splits combine in-kernel (no workspace)
   int32_t head_blocks_per_cta = 1;  // cuda-generic: 16-head blocks per CTA (1, 2 or 4)
   size_t workspace_bytes = 0;       // the workspace sparse_decode needs (0: none)

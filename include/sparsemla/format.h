@@ -1,4 +1,4 @@
-// sparsemla/format.h: the byte layouts of the DSV4 KV caches (SPEC 2) and slot addressing.
+// sparsemla/format.h: the byte layouts of the DSV4 KV caches (CONTRACT 2) and slot addressing.
 //
 // This header is the single source of truth for every size and offset; host and device code use it.
 //
@@ -36,7 +36,7 @@
 
 namespace sparsemla {
 
-// ---- fp8_ds_mla (SPEC 2.1)
+// ---- fp8_ds_mla (CONTRACT 2.1)
 // -----------------------------------------------------------------------
 struct Fp8DsMla {
   static constexpr int kHeadDim = 512;                             // shared K = V latent
@@ -61,7 +61,7 @@ static_assert(Fp8DsMla::kBytesPerToken == 584);
 static_assert(Fp8DsMla::kNumTiles + 1 == Fp8DsMla::kScaleBytes);
 static_assert(Fp8DsMla::kDataBytes % 16 == 0, "data rows must be 16-byte loadable");
 
-// ---- indexer key cache (SPEC 2.2)
+// ---- indexer key cache (CONTRACT 2.2)
 // ----------------------------------------------------------------
 enum class IndexerLayout : int32_t { Normal = 0, Shuffle = 1 };
 

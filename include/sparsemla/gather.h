@@ -1,4 +1,4 @@
-// sparsemla/gather.h: the indexer-key gather of SPEC 6.
+// sparsemla/gather.h: the indexer-key gather of CONTRACT 6.
 //
 // Gathers the paged indexer cache of a prefill chunk into contiguous k_fp8 [N, 128] + k_scale [N].
 // Token tid belongs to sequence b = token_to_seq[tid] at position o = tid - cu_seqlen[b]; its row

@@ -1,4 +1,4 @@
-// sparsemla/lists.h: ragged index lists and their builders (SPEC 4.6).
+// sparsemla/lists.h: ragged index lists and their builders (CONTRACT 4.6).
 //
 // A list is indices int32 [cap] + indptr int32 [T + 1]; row t is indices[indptr[t] : indptr[t+1]],
 // global slot ids (-1 or any out-of-range value: invalid). Builders write indptr[0..R] for all R
@@ -20,7 +20,7 @@
 
 namespace sparsemla {
 
-// An index list as the decoder reads it (SPEC 4.6), in one of two forms:
+// An index list as the decoder reads it (CONTRACT 4.6), in one of two forms:
 //  - ragged (indptr set): row t = indices[indptr[t], indptr[t+1]);
 //  - dense (indptr null; FlashMLA's [T, W] form, read directly, no conversion): row t = the first
 //    len(t) entries of indices[t * dense_stride, + width), len(t) = lengths[t / rows_per_length]

@@ -1,4 +1,5 @@
-// sparsemla/numerics.h: bit-exact codecs (bf16, OCP e4m3fn, UE8M0) and the quantiser of SPEC 2.3.
+// sparsemla/numerics.h: bit-exact codecs (bf16, OCP e4m3fn, UE8M0) and the quantiser
+// (CONTRACT 2.3).
 //
 // Everything here is pure bit manipulation, callable from host and device, and independent of the
 // rounding mode of the surrounding code. Tests check every codec against an independent 256-entry
@@ -111,7 +112,7 @@ SPARSEMLA_HOST_DEVICE uint8_t float_to_e4m3(float f) {
   return static_cast<uint8_t>(sign | q);
 }
 
-// ---- UE8M0 (SPEC 2.1)
+// ---- UE8M0 (CONTRACT 2.1)
 // ---------------------------------------------------------------------------- scale = 2^(code-127)
 // exactly; code 0 is the fp32 subnormal 2^-127; code 255 decodes to +inf.
 SPARSEMLA_HOST_DEVICE float ue8m0_to_float(uint8_t code) {
@@ -121,9 +122,9 @@ SPARSEMLA_HOST_DEVICE bf16_bits ue8m0_to_bf16(uint8_t code) {
   return static_cast<bf16_bits>(code == 0 ? 0x0040u : static_cast<uint32_t>(code) << 7);
 }
 
-// ---- the quantiser (SPEC 2.3)
+// ---- the quantiser (CONTRACT 2.3)
 // -------------------------------------------------------------------- Code limits: legacy writers
-// clamp to 255, sanitising writers to 254 (SPEC 5).
+// clamp to 255, sanitising writers to 254 (CONTRACT 5).
 inline constexpr int kCodeMaxLegacy = 255;
 inline constexpr int kCodeMaxSanitising = 254;
 // Exponent value standing for e = +inf (a tile holding +-inf).
@@ -185,7 +186,7 @@ SPARSEMLA_HOST_DEVICE float indexer_scale_of_exponent(int e) {
   return ldexpf(1.0f, e);
 }
 
-// ---- RoPE (SPEC 1): GPT-J interleaved pairs, table row [cos x32 | sin x32]
+// ---- RoPE (CONTRACT 1): GPT-J interleaved pairs, table row [cos x32 | sin x32]
 // -------------------------- Forward rotation of pair k: a' = a*c - b*s, b' = a*s + b*c (fp32,
 // plain multiply-add).
 SPARSEMLA_HOST_DEVICE void rope_forward_pair(float& a, float& b, float c, float s) {
@@ -201,9 +202,9 @@ SPARSEMLA_HOST_DEVICE void rope_inverse_pair(float& a, float& b, float c, float 
 }
 
 // ---- exp with the same bits on host and device -------------------------------------------------
-// The compressor's pooling softmax (SPEC 3.2) needs an exp that the CPU and the GPU evaluate to the
-// same float: glibc's std::exp and CUDA's expf differ (glibc is not correctly rounded for ~1e-4 of
-// the inputs, expf is off by up to 2 ulp). This one uses only IEEE double multiply/add (never
+// The compressor's pooling softmax (CONTRACT 3.2) needs an exp that the CPU and the GPU evaluate to
+// the same float: glibc's std::exp and CUDA's expf differ (glibc is not correctly rounded for ~1e-4
+// of the inputs, expf is off by up to 2 ulp). This one uses only IEEE double multiply/add (never
 // contracted: __dmul_rn/__dadd_rn on the device, one operation per call on the host) and one final
 // rounding: k = floor(x/ln2 + 0.5), r = x - k*ln2 (Cody-Waite split, |r| <= 0.35), Taylor series
 // to degree 12 (truncation < 1e-14 relative), times 2^k. It gave the correctly rounded value on

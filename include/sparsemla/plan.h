@@ -1,5 +1,5 @@
-// sparsemla/plan.h: choosing the split count S from shapes only (SPEC 4.4) and the adaptive
-// active-split rule (SPEC 4.5). Pure functions; nothing is read from the GPU.
+// sparsemla/plan.h: choosing the split count S from shapes only (CONTRACT 4.4) and the adaptive
+// active-split rule (CONTRACT 4.5). Pure functions; nothing is read from the GPU.
 #pragma once
 
 #include <cstdint>
@@ -20,14 +20,14 @@ struct PlanShape {
 };
 
 int64_t plan_head_blocks(int32_t num_heads);
-// iters(s) of SPEC 4.4.
+// iters(s) of CONTRACT 4.4.
 int64_t plan_iters(int64_t width_main, int64_t width_extra, int64_t s);
 
 // The generic selector (cap 16). T = 0 returns 1 (nothing is launched).
 int32_t plan_generic(const PlanShape& shape);
-// The specialised selector exactly as in SPEC 4.4 (reference; conformance-pinned; cap 32).
+// The specialised selector exactly as in CONTRACT 4.4 (reference; conformance-pinned; cap 32).
 int32_t plan_specialised_ref(const PlanShape& shape);
-// The policy the specialised path launches with on our 132-SM GPU (SPEC 4.4: separately named,
+// The policy the specialised path launches with on our 132-SM GPU (CONTRACT 4.4: separately named,
 // re-tuned by measurement, constants and evidence in docs/PERF.md): one wave of 64-head CTAs,
 // CU / (T * ceil(hb / 4)), with >= 2 key tiles per split (>= 1 when fewer than 8 CTAs per split),
 // capped at 16. Always in [1, 32]; T = 0 -> 1.
@@ -41,9 +41,9 @@ int32_t plan_sm90_tuned(const PlanShape& shape);
 // generic (their S may not depend on T, and the rule does).
 bool auto_prefers_sm90(const PlanShape& shape, bool deterministic);
 
-// ONE_WAVE of SPEC 4.5: max(1, CU / base) when 16 <= base < 64, else S.
+// ONE_WAVE of CONTRACT 4.5: max(1, CU / base) when 16 <= base < 64, else S.
 int32_t adaptive_one_wave(const PlanShape& shape, int32_t splits);
-// Number of splits that do work for a row with true lengths (len_main, len_extra) (SPEC 4.5).
+// Number of splits that do work for a row with true lengths (len_main, len_extra) (CONTRACT 4.5).
 int32_t adaptive_active_splits(int64_t len_main, int64_t len_extra, int32_t splits,
                                int32_t one_wave);
 

@@ -1,4 +1,4 @@
-// sparsemla/rope.h: a helper that builds the per-layer RoPE cos/sin table of SPEC 1.
+// sparsemla/rope.h: a helper that builds the per-layer RoPE cos/sin table of CONTRACT 1.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// sparsemla/verify.h: the accuracy contract of SPEC 9.9, as a function engines and tests can call.
+// sparsemla/verify.h: the accuracy contract (CONTRACT 9.9), a function engines and tests can call.
 //
 // A decode output (bf16) matches the float64 reference (sparse_decode_reference on the dequantised
 // cache, same scrub decisions) when
@@ -29,7 +29,7 @@
 
 namespace sparsemla {
 
-// The constants of the rule (SPEC 9.9).
+// The constants of the rule (CONTRACT 9.9).
 inline constexpr double kVerifyAbsMeanFactor = 1.0 / 128.0;  // 2^-7 * A
 inline constexpr double kVerifyRefFactor = 1.0 / 256.0;      // 2^-8 * |ref|
 inline constexpr double kVerifyAbsFloor = 1e-6;

@@ -1,4 +1,4 @@
-// sparsemla/writer.h: the cache writers of SPEC 3 and the row decoder.
+// sparsemla/writer.h: the cache writers of CONTRACT 3 and the row decoder.
 //
 // One plain params struct per operation; pointers are host pointers for Path::Cpu and device
 // pointers for the CUDA paths. Every field comments its shape. Strides are in elements unless named
@@ -14,14 +14,14 @@
 
 namespace sparsemla {
 
-// A RoPE cos/sin table: fp32 [rows, 64], row p = [cos_0..cos_31 | sin_0..sin_31] (SPEC 1).
+// A RoPE cos/sin table: fp32 [rows, 64], row p = [cos_0..cos_31 | sin_0..sin_31] (CONTRACT 1).
 struct RopeTable {
   const float* data = nullptr;
   int64_t rows = 0;         // P: valid positions are [0, P)
   int64_t row_stride = 64;  // elements between rows (>= 64)
 };
 
-// ---- window writer (SPEC 3.1)
+// ---- window writer (CONTRACT 3.1)
 // --------------------------------------------------------------------
 struct WindowWriterParams {
   int64_t num_tokens = 0;         // N
@@ -31,13 +31,13 @@ struct WindowWriterParams {
   const int64_t* slots = nullptr;      // [N], < 0: skip
   RopeTable rope;                      // the layer's table
   MutableCacheView cache;              // fp8_ds_mla destination
-  bool sanitise = true;                // clamp codes to 254 and zero NaN RoPE values (SPEC 5)
+  bool sanitise = true;                // clamp codes to 254 and zero NaN RoPE values (CONTRACT 5)
   Path path = Path::Auto;
   void* stream = nullptr;  // cudaStream_t for the CUDA paths
 };
 void write_window(const WindowWriterParams& p);
 
-// ---- compressor state (SPEC 3.2)
+// ---- compressor state (CONTRACT 3.2)
 // ----------------------------------------------------------------- fp32
 // [num_blocks][block_size][2W]: row = [kv (W) | score (W)], W = coff * head_dim.
 struct StateCacheView {
@@ -65,7 +65,7 @@ struct StateWriterParams {
 };
 void write_compressor_state(const StateWriterParams& p);
 
-// ---- compressor (SPEC 3.2)
+// ---- compressor (CONTRACT 3.2)
 // ----------------------------------------------------------------------- Per token: when (pos + 1)
 // % r == 0 it completes entry pos / r, pooled from the state rows of positions pos-(1+overlap)*r+1
 // .. pos, RMS-normalised, rotated at (pos / r) * r, quantised, stored.
@@ -85,7 +85,7 @@ struct CompressorParams {
   float norm_eps = 1e-6f;
   RopeTable rope;
   MutableCacheView cache;  // fp8_ds_mla destination
-  bool sanitise = true;    // SPEC 3.2: defaults to on
+  bool sanitise = true;    // CONTRACT 3.2: defaults to on
   // Two-stage form: stage 1 pools into `scratch` fp32 [N, 512] (row stride 512), stage 2 finishes.
   // Byte-identical to the single-pass form. scratch == nullptr: single pass.
   float* scratch = nullptr;
@@ -94,7 +94,7 @@ struct CompressorParams {
 };
 void compress(const CompressorParams& p);
 
-// ---- indexer compressor (SPEC 3.2, last paragraph)
+// ---- indexer compressor (CONTRACT 3.2, last paragraph)
 // ----------------------------------------------- Same as the compressor with head 128 (ratio 4,
 // overlap), rope dims 64..127, one 128-wide block, fp32 power-of-two scale, NORMAL layout
 // (cache.layout must be Normal).
@@ -124,8 +124,8 @@ void compress_indexer(const IndexerCompressorParams& p);
 
 // ---- row decoder
 // --------------------------------------------------------------------------------- Dequantises
-// slot `slot` of an fp8_ds_mla cache into 512 fp32 values. scrub: NaN -> +0 (SPEC 5). Throws for an
-// invalid slot.
+// slot `slot` of an fp8_ds_mla cache into 512 fp32 values. scrub: NaN -> +0 (CONTRACT 5). Throws
+// for an invalid slot.
 void dequantize_row(const CacheView& cache, int64_t slot, bool scrub, float* out512);
 
 // Dequantises row `slot` of an indexer cache into 128 fp32 values (value * fp32 scale).

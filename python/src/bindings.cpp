@@ -803,7 +803,7 @@ int32_t i32(Call& c, const std::string& name, int64_t v) {
   return static_cast<int32_t>(v);
 }
 
-// A list (SPEC 4.6): ragged (indptr given: indices int32 [cap], indptr int32 [>= T+1]) or dense
+// A list (CONTRACT 4.6): ragged (indptr given: indices int32 [cap], indptr int32 [>= T+1]) or dense
 // (indptr None: FlashMLA's indices int32 [T, W], rows strided, read directly; optional lengths
 // int32 [>= ceil(T / rows_per_length)]: per row, or per request with rows_per_length = s_q).
 IndexList index_list(Call& c, const std::string& name, const In& indices, const In& indptr,

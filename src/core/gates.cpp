@@ -1,4 +1,4 @@
-// The architecture gate (SPEC 7) and the NaN provenance gate (SPEC 5): pure functions.
+// The architecture gate (CONTRACT 7) and the NaN provenance gate (CONTRACT 5): pure functions.
 #include <string>
 
 #include "sparsemla/backend.h"

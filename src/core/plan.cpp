@@ -1,4 +1,4 @@
-// The split-count planners of SPEC 4.4 and the adaptive active-split rule of SPEC 4.5.
+// The split-count planners of CONTRACT 4.4 and the adaptive active-split rule of CONTRACT 4.5.
 //
 // Pure functions of shapes. Every quantity is an exact 64-bit integer: the generic cost
 // waves(s) * (1/s + 0.04) is compared as the rational waves(s) * (25 + s) / (25 s), so ties are
@@ -47,7 +47,7 @@ int64_t iters_of(int64_t width_main, int64_t width_extra, int64_t s) {
   return it;
 }
 
-// The quantities of SPEC 4.4 for one (validated) shape.
+// The quantities of CONTRACT 4.4 for one (validated) shape.
 struct Planner {
   int64_t base;  // max(1, T * hb)
   int64_t cu;
@@ -126,7 +126,7 @@ int32_t plan_specialised_ref(const PlanShape& shape) {
 // at 16 (the combine keeps every split's loads in flight together up to 16). Grids of < 8 CTAs per
 // split are latency-bound: there one tile per split. The reference (16-head blocks as CTAs) left
 // half the SMs idle at c128-h64 B = 8 (S = 8: 64 CTAs; 74 us against 54 us at S = 16) and B = 32
-// (S = 3: 96 CTAs; 198 against 160 us at S = 4). Stays in [1, 32] (SPEC 4.4).
+// (S = 3: 96 CTAs; 198 against 160 us at S = 4). Stays in [1, 32] (CONTRACT 4.4).
 constexpr int32_t kSm90TunedMaxSplits = 16;
 constexpr int64_t kSm90HeadsPerCta = 64;
 constexpr int64_t kSm90LatencyBoundCtas = 8;

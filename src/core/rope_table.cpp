@@ -1,4 +1,4 @@
-// The per-layer RoPE cos/sin table of SPEC 1 (GPT-J pairs over 64 dims, optional YaRN).
+// The per-layer RoPE cos/sin table of CONTRACT 1 (GPT-J pairs over 64 dims, optional YaRN).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

@@ -1,4 +1,4 @@
-// Argument checks of the sparse decode (SPEC 4.1, 4.3, 4.6) and of the standalone inverse RoPE.
+// Argument checks of the sparse decode (CONTRACT 4.1, 4.3, 4.6) and of the standalone inverse RoPE.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -99,7 +99,7 @@ void check_lse_layout(const char* op, const DecodeParams& p) {
   check_operand_extent(op, "lse_stride_", groups, 1, sg, 0, group_span);
 }
 
-// The dense form (FlashMLA's [T, W] indices + optional lengths, SPEC 4.6): W >= 1 (it is the
+// The dense form (FlashMLA's [T, W] indices + optional lengths, CONTRACT 4.6): W >= 1 (it is the
 // planner's width and every row's length bound), rows inside indices [0, capacity), rows_per_length
 // >= 1. Rows must not overlap (stride >= W) so that a row is exactly its W entries.
 void check_dense_list(const char* op, const char* name, const IndexList& list, int64_t T) {

@@ -1,4 +1,4 @@
-// Argument validation of the indexer-key gather (SPEC 6).
+// Argument validation of the indexer-key gather (CONTRACT 6).
 #include <string>
 
 #include "core/validate.h"

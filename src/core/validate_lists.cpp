@@ -1,4 +1,4 @@
-// Argument validation of the ragged-list builders (SPEC 4.6).
+// Argument validation of the ragged-list builders (CONTRACT 4.6).
 //
 // validate(...) checks sizes and pointers only (safe for device pointers); validate_rows(...) reads
 // the per-row host inputs (request_index, positions) and is run by the CPU backend before it

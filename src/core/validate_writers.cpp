@@ -1,4 +1,4 @@
-// Argument validation of the cache writers (SPEC 3). Everything a writer will read or write is
+// Argument validation of the cache writers (CONTRACT 3). Everything a writer will read or write is
 // checked here, before anything is written, so a rejected call leaves no partial results.
 #include <algorithm>
 #include <cmath>

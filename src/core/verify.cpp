@@ -1,4 +1,4 @@
-// The SPEC 9.9 accuracy contract (include/sparsemla/verify.h has the rule and its argument).
+// The CONTRACT 9.9 accuracy contract (include/sparsemla/verify.h has the rule and its argument).
 #include "sparsemla/verify.h"
 
 #include <cmath>
@@ -68,7 +68,7 @@ VerifyResult verify_decode_output(const bf16_bits* out, int64_t num_tokens, int3
         }
         if (!std::isfinite(a)) continue;
         const double diff = std::fabs(a - b);
-        // A non-finite A (a row holding +-inf: outside the contract, SPEC 9.9) bounds nothing.
+        // A non-finite A (a row holding +-inf: outside the contract, CONTRACT 9.9) bounds nothing.
         const double bound = std::isfinite(m[d]) ? verify_element_bound(b, m[d]) : HUGE_VAL;
         r.max_abs_error = std::fmax(r.max_abs_error, diff);
         r.max_bound_ratio = std::fmax(r.max_bound_ratio, diff / bound);

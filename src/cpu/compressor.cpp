@@ -1,4 +1,4 @@
-// CPU compressor state writer and KV compressor (SPEC 3.2), single-pass and two-stage.
+// CPU compressor state writer and KV compressor (CONTRACT 3.2), single-pass and two-stage.
 #include <algorithm>
 #include <cmath>
 #include <limits>

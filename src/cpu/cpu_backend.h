@@ -19,7 +19,7 @@ void build_window_lists(const WindowListParams& p);
 void build_topk_lists(const TopkListParams& p);
 void build_compressed_all_lists(const CompressedAllListParams& p);
 
-// Fast CPU decode (SPEC 4.2 kernel numerics, split-K of 4.3, adaptive rule of 4.5) as planned.
+// Fast CPU decode (CONTRACT 4.2 kernel numerics, split-K of 4.3, adaptive rule of 4.5) as planned.
 void sparse_decode(const DecodeParams& p, const DecodePlan& plan, void* workspace);
 void inverse_rope_inplace(bf16_bits* x, int64_t num_tokens, int32_t num_heads, int64_t stride_token,
                           int64_t stride_head, const int64_t* positions, const RopeTable& rope);

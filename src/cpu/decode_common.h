@@ -24,7 +24,8 @@ inline int32_t cpu_thread_count() {
 #endif
 }
 
-// Planner width of a list (SPEC 4.4): its dense row width W, else capacity / T (exact division).
+// Planner width of a list (CONTRACT 4.4): its dense row width W, else capacity / T (exact
+// division).
 inline int64_t list_plan_width(const IndexList& list, int64_t num_tokens) {
   if (list.width > 0) return list.width;
   return num_tokens > 0 ? list.capacity / num_tokens : 0;
@@ -41,8 +42,8 @@ inline PlanShape decode_plan_shape(const DecodeParams& p) {
   return shape;
 }
 
-// Whether the extra cache is scrubbed (SPEC 5): always, unless the provenance gate holds. The main
-// (window) cache is always scrubbed. The CPU path is never the specialised one, so it always
+// Whether the extra cache is scrubbed (CONTRACT 5): always, unless the provenance gate holds. The
+// main (window) cache is always scrubbed. The CPU path is never the specialised one, so it always
 // scrubs; the reference follows whatever path p.path names, as the kernel it is compared with.
 inline bool decode_scrubs_extra(const DecodeParams& p) {
   ProvenanceGateInputs gate;
@@ -60,7 +61,7 @@ struct ListRow {
   int64_t length;
 };
 inline ListRow list_row(const IndexList& list, int64_t t) {
-  if (list.dense()) {  // SPEC 4.6 dense form: the first len(t) of the row's W entries
+  if (list.dense()) {  // CONTRACT 4.6 dense form: the first len(t) of the row's W entries
     const int64_t stride = list.dense_stride != 0 ? list.dense_stride : list.width;
     int64_t len = list.width;
     if (list.lengths != nullptr) {

@@ -1,4 +1,4 @@
-// The fast CPU decode (SPEC 4.2 kernel numerics, split-K partials and combine of 4.3, adaptive
+// The fast CPU decode (CONTRACT 4.2 kernel numerics, split-K partials and combine of 4.3, adaptive
 // active splits of 4.5, fused inverse RoPE, optional lse) and the standalone inverse RoPE.
 //
 // Numerics, as the GPU kernels: q and K as bf16 values (K = the dequantised value rounded to bf16,
@@ -32,7 +32,7 @@ constexpr int kPairs = Fp8DsMla::kRopeDims / 2;
 constexpr int kKeyBlock = kPlanKeyBlock;    // keys per online-softmax step (bk = 32)
 constexpr int kHeadBlock = kPlanHeadBlock;  // heads sharing one dequantised key block (16)
 constexpr int kMaxSplits = kSpecialisedMaxSplits;
-constexpr float kNoMass = -FLT_MAX;  // m of a split without mass (SPEC 4.3)
+constexpr float kNoMass = -FLT_MAX;  // m of a split without mass (CONTRACT 4.3)
 
 // Partials in the caller's workspace: m, l fp32 [T, S, H], then acc fp32 [T, S, H, 512].
 struct Partials {
@@ -86,7 +86,7 @@ struct Job {
     return (t / p.lse_group) * sg + (t % p.lse_group) * lse_stride_token;
   }
 
-  // Splits that do work for row t (SPEC 4.5); all S without the adaptive rule.
+  // Splits that do work for row t (CONTRACT 4.5); all S without the adaptive rule.
   int32_t active_splits(int64_t len_main, int64_t len_extra) const {
     return adaptive ? adaptive_active_splits(len_main, len_extra, splits, one_wave) : splits;
   }
@@ -149,8 +149,9 @@ void score_heads(Scratch& sc, int h0, int n, float scale) {
 }
 
 // K as the kernels see it: dequantised (scrubbed per the gate), then rounded to bf16. The rounding
-// only changes NoPE tiles with code < 8 (SPEC 2.1: e4m3 * 2^(code-127) is exact in bf16 for codes
-// >= 8, +-inf and NaN stay) and never the stored bf16 RoPE values, so only those tiles are rounded.
+// only changes NoPE tiles with code < 8 (CONTRACT 2.1: e4m3 * 2^(code-127) is exact in bf16 for
+// codes >= 8, +-inf and NaN stay) and never the stored bf16 RoPE values, so only those tiles are
+// rounded.
 void load_key(const CacheView& cache, int64_t slot, bool scrub, float* k) {
   decode_row_f32(cache, slot, scrub, k);
   const uint8_t* codes = cache.base + mla_scale_offset(slot, cache.block_size, cache.block_stride);
@@ -161,7 +162,7 @@ void load_key(const CacheView& cache, int64_t slot, bool scrub, float* k) {
   }
 }
 
-// Online-softmax step of head h over the n scored keys (SPEC 4.2 numerics): new max, rescale
+// Online-softmax step of head h over the n scored keys (CONTRACT 4.2 numerics): new max, rescale
 // factor, fp32 probabilities summed into l, bf16-rounded copies kept for P.V.
 void softmax_step(Scratch& sc, int h, int n) {
   const float* z = sc.score[h];
@@ -239,7 +240,7 @@ struct SplitSet {
   int32_t count;
 };
 
-// SPEC 4.3 combine of one (t, h), then the optional inverse RoPE in fp32 and one bf16 rounding.
+// CONTRACT 4.3 combine of one (t, h), then the optional inverse RoPE in fp32 and one bf16 rounding.
 // A split with m == -FLT_MAX has weight 0 and its accumulator is never read. With one split this is
 // also the direct finish of S = 1, so both give the same bits.
 void finish_row(const Job& job, int64_t t, int32_t h, const SplitSet& set) {
@@ -259,7 +260,7 @@ void finish_row(const Job& job, int64_t t, int32_t h, const SplitSet& set) {
   }
   if (has_sink) den += std::exp(sink - m_all);  // sink = +inf: NaN, so the row is 0 below
 
-  if (p.lse != nullptr) {  // SPEC 4.3a: keys only, +inf without any
+  if (p.lse != nullptr) {  // CONTRACT 4.3a: keys only, +inf without any
     float l_keys = 0.0f;
     for (int32_t s = 0; s < set.count; ++s) {
       const float ms = set.m[s * set.stride];
@@ -292,7 +293,7 @@ void finish_row(const Job& job, int64_t t, int32_t h, const SplitSet& set) {
   for (int d = 0; d < kDim; ++d) out[d] = float_to_bf16(o[d]);
 }
 
-// A split without mass reports m = -FLT_MAX, l = 0 (SPEC 4.3).
+// A split without mass reports m = -FLT_MAX, l = 0 (CONTRACT 4.3).
 void seal_empty(Scratch& sc, int h) {
   if (sc.l[h] == 0.0f) sc.m[h] = kNoMass;
 }
@@ -313,7 +314,7 @@ void run_item(const Job& job, int64_t t, int32_t s, int32_t head0, int num_heads
       for (int d = 0; d < kDim; ++d) sc.q[h][d] = bf16_to_float(qh[d]);
       std::fill(sc.acc[h], sc.acc[h] + kDim, 0.0f);
     }
-    // Active splits cut each segment by `work` (SPEC 4.5); main and extra separately (4.3).
+    // Active splits cut each segment by `work` (CONTRACT 4.5); main and extra separately (4.3).
     absorb_segment(p.main_cache, main, split_range(main.length, work, s), /*scrub=*/true, num_heads,
                    p.scale, sc);
     if (p.has_extra) {

@@ -1,6 +1,6 @@
-// The float64 reference of the sparse decode (SPEC 4.2, 4.3a): one softmax over the valid keys of
-// main row t then extra row t, the sink, exact zeros for rows without mass, lse without the sink
-// and the fused inverse RoPE (SPEC 1), all on the dequantised cache with the kernels' scrub
+// The float64 reference of the sparse decode (CONTRACT 4.2, 4.3a): one softmax over the valid keys
+// of main row t then extra row t, the sink, exact zeros for rows without mass, lse without the sink
+// and the fused inverse RoPE (CONTRACT 1), all on the dequantised cache with the kernels' scrub
 // decisions. No bf16 rounding anywhere: it is the oracle the fast CPU and GPU paths are held to.
 #include <cmath>
 #include <cstdint>
@@ -49,7 +49,7 @@ RowKeys gather_row_keys(const DecodeParams& p, int64_t t) {
   return keys;
 }
 
-// Inverse rotation of dims 448..511 at `pos` (SPEC 1): a' = a*c + b*s, b' = b*c - a*s.
+// Inverse rotation of dims 448..511 at `pos` (CONTRACT 1): a' = a*c + b*s, b' = b*c - a*s.
 void rotate_back(double* o, const RopeTable& rope, int64_t pos) {
   const float* row = rope.data + pos * rope.row_stride;
   for (int k = 0; k < kPairs; ++k) {

@@ -1,4 +1,4 @@
-// Row decoders of the two cache formats (SPEC 2.1, 2.2) and the NaN scrub (SPEC 5).
+// Row decoders of the two cache formats (CONTRACT 2.1, 2.2) and the NaN scrub (CONTRACT 5).
 #include <cmath>
 #include <cstring>
 #include <string>

@@ -1,4 +1,4 @@
-// The CPU indexer-key gather (SPEC 6): paged indexer cache -> k_fp8 [N, 128] + k_scale [N].
+// The CPU indexer-key gather (CONTRACT 6): paged indexer cache -> k_fp8 [N, 128] + k_scale [N].
 #include <cstdint>
 #include <cstring>
 

@@ -1,6 +1,6 @@
-// CPU indexer-key compressor (SPEC 3.2, last paragraph): the KV compressor with head 128, ratio 4
-// with overlap (W = 256), RoPE dims 64..127 rotated before one 128-wide quantiser block, fp32
-// scale, NORMAL page layout.
+// CPU indexer-key compressor (CONTRACT 3.2, last paragraph): the KV compressor with head 128,
+// ratio 4 with overlap (W = 256), RoPE dims 64..127 rotated before one 128-wide quantiser block,
+// fp32 scale, NORMAL page layout.
 #include <algorithm>
 #include <cstring>
 

@@ -1,4 +1,4 @@
-// CPU builders of the ragged index lists (SPEC 4.6).
+// CPU builders of the ragged index lists (CONTRACT 4.6).
 //
 // Every builder writes indptr[0..R] for all R rows and packs row r at indptr[r] (rows of length
 // <= W, so everything stays inside the R*W capacity); indices past indptr[R] are left untouched.

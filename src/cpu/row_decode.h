@@ -1,7 +1,7 @@
-// src/cpu/row_decode.h: host-only decoding of one fp8_ds_mla row (SPEC 2.1) for the CPU decode.
+// src/cpu/row_decode.h: host-only decoding of one fp8_ds_mla row (CONTRACT 2.1) for the CPU decode.
 //
 // Internal to the decode backend (the public dequantize_row lives in src/cpu/dequant.cpp); both
-// follow SPEC 2.1 and the codecs of numerics.h, so they agree value for value.
+// follow CONTRACT 2.1 and the codecs of numerics.h, so they agree value for value.
 #pragma once
 
 #include <array>
@@ -24,9 +24,8 @@ inline const std::array<float, 256>& e4m3_value_table() {
 
 // Decodes the 512 values of a valid slot in fp32. NoPE: e4m3 * 2^(code - 127), exact in fp32
 // (the smallest product, 2^-9 * 2^-127, is above the fp32 subnormal step 2^-149); code 255 is +inf,
-// so a zero byte there gives NaN. RoPE: the stored bf16 values. scrub: every NaN becomes +0 (SPEC
-// 5),
-// +-inf is kept.
+// so a zero byte there gives NaN. RoPE: the stored bf16 values. scrub: every NaN becomes +0
+// (CONTRACT 5), +-inf is kept.
 inline void decode_row_f32(const CacheView& cache, int64_t slot, bool scrub, float* out512) {
   const uint8_t* data = cache.base + mla_data_offset(slot, cache.block_size, cache.block_stride);
   const uint8_t* codes = cache.base + mla_scale_offset(slot, cache.block_size, cache.block_stride);

@@ -1,4 +1,4 @@
-// CPU window (SWA) writer (SPEC 3.1): one fp8_ds_mla row per token with slot >= 0.
+// CPU window (SWA) writer (CONTRACT 3.1): one fp8_ds_mla row per token with slot >= 0.
 #include "cpu/cpu_backend.h"
 #include "cpu/writer_common.h"
 

@@ -1,4 +1,4 @@
-// src/cpu/writer_common.h: pieces shared by the CPU cache writers (SPEC 3).
+// src/cpu/writer_common.h: pieces shared by the CPU cache writers (CONTRACT 3).
 //
 // The row encoder (quantise NoPE, store RoPE as bf16) is inline here. The compressor's pooling and
 // RMSNorm are defined once, in compressor.cpp, and used by both the single-pass and the two-stage
@@ -29,14 +29,14 @@ inline const float* rope_row(const RopeTable& rope, int64_t pos) {
   return rope.data + pos * rope.row_stride;
 }
 
-// Forward-rotates the 32 interleaved pairs of x[0..64) in fp32 (SPEC 1).
+// Forward-rotates the 32 interleaved pairs of x[0..64) in fp32 (CONTRACT 1).
 inline void rotate_pairs(float* x, const float* cos_sin) {
   for (int k = 0; k < kRopePairs; ++k) {
     rope_forward_pair(x[2 * k], x[2 * k + 1], cos_sin[k], cos_sin[kRopePairs + k]);
   }
 }
 
-// The bf16 stored for a rotated RoPE value; sanitising mode turns NaN into +0 (SPEC 5).
+// The bf16 stored for a rotated RoPE value; sanitising mode turns NaN into +0 (CONTRACT 5).
 inline bf16_bits rope_to_bf16(float v, bool sanitise) {
   return (sanitise && std::isnan(v)) ? bf16_bits{0} : float_to_bf16(v);
 }
@@ -47,7 +47,7 @@ inline void store_bf16_le(uint8_t* dst, bf16_bits v) {
 }
 
 // Encodes one fp8_ds_mla row: `nope` holds 448 bf16-exact values, `rope` 64 rotated fp32 values.
-// Writes the 576 data bytes at `data` and the 8 scale bytes at `scale` (SPEC 2.1, 2.3).
+// Writes the 576 data bytes at `data` and the 8 scale bytes at `scale` (CONTRACT 2.1, 2.3).
 inline void encode_mla_row(const float* nope, const float* rope, bool sanitise, uint8_t* data,
                            uint8_t* scale) {
   const int code_max = sanitise ? kCodeMaxSanitising : kCodeMaxLegacy;
@@ -65,7 +65,7 @@ inline void encode_mla_row(const float* nope, const float* rope, bool sanitise, 
 // ---- compressor state and pooling (defined in compressor.cpp)
 // ------------------------------------
 
-// Reads state rows of one request through the state block table (SPEC 3.2).
+// Reads state rows of one request through the state block table (CONTRACT 3.2).
 struct StateRows {
   const float* base = nullptr;
   int32_t block_size = 1;

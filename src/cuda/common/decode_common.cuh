@@ -1,7 +1,7 @@
-// src/cuda/common/decode_common.cuh: device helpers shared by the GPU decode paths (SPEC 2.1, 4,
-// 5): untrusted ragged-row ranges, fp8_ds_mla row loads (16-byte vector loads when the cache is
+// src/cuda/common/decode_common.cuh: device helpers shared by the GPU decode paths (CONTRACT 2.1,
+// 4, 5): untrusted ragged-row ranges, fp8_ds_mla row loads (16-byte vector loads when the cache is
 // 16-byte aligned, a byte-wise fallback otherwise), exact dequantisation with the NaN scrub, the
-// adaptive active-split rule of SPEC 4.5 and the split-K combine / finish math of SPEC 4.3.
+// adaptive active-split rule of CONTRACT 4.5 and the split-K combine / finish math of CONTRACT 4.3.
 //
 // Numerics: every helper here is exact or rounds once (bf16 RNE). Build without --use_fast_math /
 // -ftz=true: e4m3 subnormals and UE8M0 code 0 (2^-127) pass through fp32 denormals.
@@ -45,7 +45,7 @@ inline void slot_divider(int32_t d, uint32_t* magic, int32_t* shift) {
 // A ragged index list as the kernels read it; indptr and indices are never trusted.
 struct DeviceList {
   const int32_t* indices;   // ragged [capacity]; dense [T, dense_stride]
-  const int32_t* indptr;    // ragged [T + 1]; null: dense (SPEC 4.6, FlashMLA's form)
+  const int32_t* indptr;    // ragged [T + 1]; null: dense (CONTRACT 4.6, FlashMLA's form)
   int64_t capacity;         // 0 with null pointers: an absent list (every row empty)
   int64_t dense_stride;     // dense: elements between rows (>= width)
   const int32_t* lengths;   // dense: [ceil(T / rows_per_length)] or null (rows width long)
@@ -114,7 +114,7 @@ __device__ __forceinline__ int32_t ceil_div_i64(int64_t a, int64_t b) {
   return static_cast<int32_t>((a + b - 1) / b);
 }
 
-// SPEC 4.5: how many of the S splits do work for a row with these true lengths.
+// CONTRACT 4.5: how many of the S splits do work for a row with these true lengths.
 __device__ __forceinline__ int32_t adaptive_work(int32_t len_main, int32_t len_extra,
                                                  int32_t splits, int32_t one_wave) {
   constexpr int64_t kBk = 32;
@@ -182,7 +182,7 @@ __device__ __forceinline__ RowOffsets row_offsets32(const DeviceCache& c, int32_
 
 // ---- loads --------------------------------------------------------------------------------------
 // 16 bytes at base + off: one vector load when the cache is 16-byte aligned (every data-row chunk
-// then is), byte loads otherwise (unpadded strides such as 61*584 = 8 mod 16, SPEC 2.1).
+// then is), byte loads otherwise (unpadded strides such as 61*584 = 8 mod 16, CONTRACT 2.1).
 __device__ __forceinline__ uint4 load_chunk16(const DeviceCache& c, int64_t off) {
   if (c.aligned16) return __ldg(reinterpret_cast<const uint4*>(c.base + off));
   uint32_t w[4];
@@ -215,7 +215,7 @@ __device__ __forceinline__ uint32_t scale_code(uint2 word, int tile) {
   return (w >> (8 * (tile & 3))) & 0xFFu;
 }
 
-// ---- dequantisation and scrub (SPEC 2.1, 5)
+// ---- dequantisation and scrub (CONTRACT 2.1, 5)
 // ------------------------------------------------------ UE8M0 as fp32 bits (code 0 = the subnormal
 // 2^-127, 255 = +inf); never __nv_cvt_e8m0 (255 -> NaN).
 __device__ __forceinline__ float ue8m0_scale(uint32_t code) {
@@ -230,7 +230,7 @@ __device__ __forceinline__ float scrub_nan(float v) {
 // ((b & 0x7F) << 20) are exactly value * 2^-120 (normals and subnormals alike), so one multiply by
 // 2^120 restores it; the second multiply applies the scale (+inf for code 255: 0 * inf = NaN).
 // NaN bytes (0x7F / 0xFF) would come out finite and are handled explicitly: +0 when scrubbing,
-// NaN otherwise. Scrubbing also turns 0 * inf into +0 (SPEC 5: every NaN -> +0, +-inf kept).
+// NaN otherwise. Scrubbing also turns 0 * inf into +0 (CONTRACT 5: every NaN -> +0, +-inf kept).
 __device__ __forceinline__ float dequant_e4m3(uint32_t b, float scale, bool scrub) {
   const float unit = __uint_as_float(((b & 0x80u) << 24) | ((b & 0x7Fu) << 20)) * 0x1p120f;
   const float v = unit * scale;
@@ -310,7 +310,7 @@ __device__ __forceinline__ bool any_code_above_fast(uint32_t w) {
   return ((((w & 0x7F7F7F7Fu) + 0x79797979u) & w) & 0x80808080u) != 0;
 }
 // true iff all 7 UE8M0 codes of a row's scale word are <= kFastMaxCode: the fast-path code test of
-// every decode kernel. Byte 7 is the pad byte (SPEC 2.1): real caches hold anything there
+// every decode kernel. Byte 7 is the pad byte (CONTRACT 2.1): real caches hold anything there
 // (FlashMLA's quantiser leaves it uninitialised), and tested with the codes it sent about half the
 // rows of such caches down the exact path (whole decodes 1.6-1.75x slower, issue 22). The mask
 // folds into the test's constants (0x007F7F7F, 0x00808080); SASS against the unmasked test: +1
@@ -365,7 +365,7 @@ __device__ __forceinline__ uint4 rope_chunk16(uint4 v, bool scrub) {
   return make_uint4(scrub_bf16x2(v.x), scrub_bf16x2(v.y), scrub_bf16x2(v.z), scrub_bf16x2(v.w));
 }
 
-// ---- combine / finish math (SPEC 4.3, 4.3a) -----------------------------------------------------
+// ---- combine / finish math (CONTRACT 4.3, 4.3a) -------------------------------------------------
 // Weight of a split relative to the running maximum M: 0 for an inactive split (m == -FLT_MAX),
 // whose acc must never be read.
 __device__ __forceinline__ float split_weight(float m, float big_m) {
@@ -387,7 +387,7 @@ __device__ __forceinline__ float finish_factor(float sum_wl, float big_m, const 
   return total > 0.0f ? 1.0f / fmaxf(total, 1e-30f) : 0.0f;
 }
 
-// SPEC 4.3's finish of N splits (m_s, l_s) of row head h: M' = max m_s (for lse), the maximum
+// CONTRACT 4.3's finish of N splits (m_s, l_s) of row head h: M' = max m_s (for lse), the maximum
 // with the sink, L' (for lse) and the multiplier 1 / L; split s's acc then weighs
 // split_weight(m_s, big_m) * factor. Splits past the real count pass m = -FLT_MAX, l = 0.
 struct SplitsFinish {

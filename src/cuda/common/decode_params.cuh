@@ -1,8 +1,8 @@
 // src/cuda/common/decode_params.cuh: the one parameter struct of the CUDA decode kernels (generic
 // and sm90 partial kernels alike) and what both do with it: the split of a row into key tiles
-// (SPEC 4.3, the adaptive active splits of SPEC 4.5), the slot id of a tile's key, the scrub
-// decision of the provenance gate (SPEC 5). Host: building the struct from DecodeParams, the launch
-// checks and the split-K combine (SPEC 4.3; its kernel lives in
+// (CONTRACT 4.3, the adaptive active splits of CONTRACT 4.5), the slot id of a tile's key, the
+// scrub decision of the provenance gate (CONTRACT 5). Host: building the struct from DecodeParams,
+// the launch checks and the split-K combine (CONTRACT 4.3; its kernel lives in
 // src/cuda/generic/decode_generic.cu). CUDA translation units only.
 #pragma once
 
@@ -32,7 +32,7 @@ struct DecodeKernelParams {
   DeviceList main_list;
   DeviceList extra_list;  // capacity 0: no extra segment
   int32_t scrub_extra;    // the main cache is always scrubbed
-  int32_t adaptive;       // SPEC 4.5 active splits
+  int32_t adaptive;       // CONTRACT 4.5 active splits
   int32_t one_wave;       // ONE_WAVE (host)
   int32_t fused_combine;  // sm90: the row's splits are one cluster (S = 2 by policy, <= 8)
   float* ws_m;            // [T, S, H]  (S > 1)
@@ -57,7 +57,7 @@ void launch_combine(const DecodeKernelParams& k, cudaStream_t stream);
 
 // ---- device: the split's key tiles
 // ---------------------------------------------------------------
-inline constexpr int kKeyTile = kPlanKeyBlock;  // 32 keys per tile (SPEC 4.4 bk)
+inline constexpr int kKeyTile = kPlanKeyBlock;  // 32 keys per tile (CONTRACT 4.4 bk)
 inline constexpr int kMaxFusedSplits = 8;       // portable thread-block cluster size
 
 struct SplitWork {
@@ -104,8 +104,8 @@ __device__ __forceinline__ SplitWork split_work(const DecodeKernelParams& p, int
   return w;
 }
 
-// An inactive split (SPEC 4.5: s >= work): m = -FLT_MAX, l = 0 for its heads h0 .. h0 + heads - 1
-// (threads tid < heads write one each); its acc is never read.
+// An inactive split (CONTRACT 4.5: s >= work): m = -FLT_MAX, l = 0 for its heads
+// h0 .. h0 + heads - 1 (threads tid < heads write one each); its acc is never read.
 __device__ __forceinline__ void mark_split_inactive(const DecodeKernelParams& p, int64_t t,
                                                     int32_t s, int32_t h0, int32_t heads, int tid) {
   if (tid < heads) {

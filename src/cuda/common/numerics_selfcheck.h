@@ -1,7 +1,7 @@
 // src/cuda/common/numerics_selfcheck.h: the shared codecs evaluated on the GPU (device pointers,
 // 256 entries each), for bit-exact comparison with the host codecs in the GPU tests; and the
 // decode kernels' fast-dequantisation predicates evaluated on given scale words, so the GPU tests
-// can count which rows take the fast path (SPEC 2.1: the pad byte never picks one).
+// can count which rows take the fast path (CONTRACT 2.1: the pad byte never picks one).
 #pragma once
 
 #include <cstdint>

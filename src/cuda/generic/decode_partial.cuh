@@ -1,5 +1,5 @@
 // src/cuda/generic/decode_partial.cuh: the split-K partial kernel of the portable CUDA decode
-// (SPEC 4), sm_80 and newer; included by decode_generic.cu only.
+// (CONTRACT 4), sm_80 and newer; included by decode_generic.cu only.
 //
 // One CTA (256 threads, 8 warps) owns one query row t, one split s and HB head blocks of 16 heads
 // (HB = 1, 2 or 4: 16, 32 or 64 heads), so every 32-key tile is gathered and dequantised ONCE for
@@ -58,7 +58,7 @@ using cuda::tile_slot;
 inline constexpr int kThreads = 256;
 inline constexpr int kWarps = kThreads / 32;
 inline constexpr int kHeadTile = 16;             // mma M
-inline constexpr int kKeyTile = 32;              // keys per tile (SPEC 4.4 bk)
+inline constexpr int kKeyTile = 32;              // keys per tile (CONTRACT 4.4 bk)
 inline constexpr int kDim = Fp8DsMla::kHeadDim;  // 512
 inline constexpr int kRowPitch = kDim + 8;       // bf16 per smem row: +16 B, ldmatrix conflict-free
 inline constexpr int kPPitch = kKeyTile + 8;     // bf16 per probability row (80 B)
@@ -184,7 +184,7 @@ __device__ __forceinline__ void issue_tile_loads(const PartialParams& p, const S
     for (int j = 0; j < 4; ++j) rc.c[j] = __ldg(row + r + 8 * j);
     if (r < 4) rc.c[4] = __ldg(row + r + 32);
     rc.scale = __ldg(reinterpret_cast<const uint2*>(cache.base + off.scale));
-  } else if (valid) {  // caches not 16-byte aligned: byte loads (SPEC 2.1)
+  } else if (valid) {  // caches not 16-byte aligned: byte loads (CONTRACT 2.1)
 #pragma unroll
     for (int j = 0; j < 4; ++j) rc.c[j] = cuda::load_chunk16(cache, off.data + 16 * (r + 8 * j));
     if (r < 4) rc.c[4] = cuda::load_chunk16(cache, off.data + 16 * (r + 32));
@@ -684,7 +684,7 @@ __device__ __forceinline__ void partial_body(const PartialParams& p, unsigned ch
 
   int32_t work;
   const SplitWork w = split_work(p, t, s, &work);
-  if (s >= work) {  // inactive under SPEC 4.5
+  if (s >= work) {  // inactive under CONTRACT 4.5
     cuda::mark_split_inactive(p, t, s, h0, heads, tid);
     return;
   }

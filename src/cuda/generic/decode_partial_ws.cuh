@@ -156,7 +156,7 @@ __device__ __forceinline__ void issue_rows9(const PartialParams& p, const cuda::
 #pragma unroll
     for (int j = 0; j < kChunksPerThread; ++j) rc.c[j] = __ldg(row + r + 4 * j);
     rc.scale = __ldg(reinterpret_cast<const uint2*>(cache.base + off.scale));
-  } else if (valid) {  // caches not 16-byte aligned: byte loads (SPEC 2.1)
+  } else if (valid) {  // caches not 16-byte aligned: byte loads (CONTRACT 2.1)
 #pragma unroll
     for (int j = 0; j < kChunksPerThread; ++j) {
       rc.c[j] = cuda::load_chunk16(cache, off.data + 16 * (r + 4 * j));
@@ -325,7 +325,7 @@ __device__ __forceinline__ void partial_ws_body(const PartialParams& p, unsigned
   int32_t work;
   const cuda::SplitWork w = cuda::split_work(p, t, s, &work);
   SPARSEMLA_STAMP(tid == 0, cuda::kGtSplitWork);
-  if (s >= work) {  // inactive under SPEC 4.5
+  if (s >= work) {  // inactive under CONTRACT 4.5
     cuda::mark_split_inactive(p, t, s, h0, heads, tid);
     return;
   }

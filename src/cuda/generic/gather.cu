@@ -1,4 +1,4 @@
-// src/cuda/generic/gather.cu: the portable CUDA indexer-key gather (SPEC 6), sm_80 and newer.
+// src/cuda/generic/gather.cu: the portable CUDA indexer-key gather (CONTRACT 6), sm_80 and newer.
 //
 // Paged indexer cache -> contiguous k_fp8 [N, 128] + k_scale [N]. Eight lanes per token, each
 // copying one 16-byte run of the 128-byte value row: in the NORMAL layout the runs are contiguous,

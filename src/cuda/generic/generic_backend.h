@@ -13,9 +13,9 @@ namespace sparsemla::cuda_generic {
 // HB = 4, 2 or 1 head blocks of 16 per CTA: plan.head_blocks_per_cta), then the combine when S > 1
 // (with programmatic dependent launch on sm_90+). workspace: partials m, l fp32 [T, S, H] and acc
 // fp32 [T, S, H, 512] (decode_workspace_size bytes, 8-byte aligned); unused (may be null) when S
-// == 1. With plan.adaptive_splits the rows run the active-split rule of SPEC 4.5 (plan.one_wave).
-// A row's output bits do not depend on HB. SPARSEMLA_GENERIC_HB=1|2|4 forces HB (tests and
-// measurement; ignored when it does not fit the device).
+// == 1. With plan.adaptive_splits the rows run the active-split rule of CONTRACT 4.5
+// (plan.one_wave). A row's output bits do not depend on HB. SPARSEMLA_GENERIC_HB=1|2|4 forces HB
+// (tests and measurement; ignored when it does not fit the device).
 void sparse_decode(const DecodeParams& p, const DecodePlan& plan, void* workspace);
 
 // Head blocks per CTA (1, 2 or 4) of a (T, S, H) call on the current device with CU = sms: the

@@ -1,4 +1,4 @@
-// src/cuda/generic/lists.cu: the portable CUDA builders of the ragged index lists (SPEC 4.6).
+// src/cuda/generic/lists.cu: the portable CUDA builders of the ragged index lists (CONTRACT 4.6).
 //
 // Same results as the CPU builders (src/cpu/lists.cpp): indptr[0..R] for every row, row r packed
 // at indptr[r], padding rows (row_valid 0) of length 0 with none of their inputs read, indices past

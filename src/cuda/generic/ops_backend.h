@@ -17,16 +17,17 @@
 
 namespace sparsemla::cuda_generic {
 
-// Writers (SPEC 3); writers.cu.
+// Writers (CONTRACT 3); writers.cu.
 void write_window(const WindowWriterParams& p);
 void write_compressor_state(const StateWriterParams& p);
 void compress(const CompressorParams& p);  // single pass, or two stages when p.scratch is set
 void compress_indexer(const IndexerCompressorParams& p);
 
-// Indexer-key gather (SPEC 6); gather.cu. One kernel for every batch count.
+// Indexer-key gather (CONTRACT 6); gather.cu. One kernel for every batch count.
 void gather_indexer_keys(const GatherParams& p);
 
-// Ragged list builders (SPEC 4.6); lists.cu. They write in place into the caller's (graph) buffers.
+// Ragged list builders (CONTRACT 4.6); lists.cu. They write in place into the caller's (graph)
+// buffers.
 void build_ragged_from_dense(const DenseToRaggedParams& p);
 void build_window_lists(const WindowListParams& p);
 void build_topk_lists(const TopkListParams& p);

@@ -1,4 +1,4 @@
-// src/cuda/generic/writers.cu: the portable CUDA cache writers (SPEC 3), sm_80 and newer.
+// src/cuda/generic/writers.cu: the portable CUDA cache writers (CONTRACT 3), sm_80 and newer.
 //
 // Every kernel mirrors the float arithmetic of the CPU backend (src/cpu/window_writer.cpp,
 // compressor.cpp, indexer_compressor.cpp) operation for operation: products and sums are rounded
@@ -59,7 +59,7 @@ __device__ __forceinline__ bool aligned_to(const void* p, uintptr_t bytes) {
 }
 
 // Stores 4*N bytes held little-endian in w[]: one vector store when dst allows it, bytes otherwise
-// (unpadded page strides, e.g. 61*584 = 8 mod 16, SPEC 2.1).
+// (unpadded page strides, e.g. 61*584 = 8 mod 16, CONTRACT 2.1).
 template <int N>
 __device__ __forceinline__ void store_words(uint8_t* dst, const uint32_t (&w)[N]) {
   static_assert(N == 1 || N == 2 || N == 4);
@@ -95,7 +95,7 @@ __device__ __forceinline__ void rope_pair(float& a, float& b, float c, float s) 
   b = nb;
 }
 
-// The bf16 stored for a rotated RoPE value; sanitising turns NaN into +0 (SPEC 5).
+// The bf16 stored for a rotated RoPE value; sanitising turns NaN into +0 (CONTRACT 5).
 __device__ __forceinline__ bf16_bits rope_bf16(float v, bool sanitise) {
   return (sanitise && v != v) ? bf16_bits{0} : float_to_bf16(v);
 }
@@ -107,7 +107,7 @@ __device__ __forceinline__ float group_max(float v, int width) {
   return v;
 }
 
-// ---- window writer (SPEC 3.1) -------------------------------------------------------------------
+// ---- window writer (CONTRACT 3.1) ---------------------------------------------------------------
 
 struct WindowArgs {
   const bf16_bits* kv;
@@ -217,7 +217,7 @@ __global__ void __launch_bounds__(kWindowWarps* kWarpSize) window_kernel(const W
   }
 }
 
-// ---- compressor state writer (SPEC 3.2) ---------------------------------------------------------
+// ---- compressor state writer (CONTRACT 3.2) -----------------------------------------------------
 
 struct StateArgs {
   const float* kv;
@@ -273,7 +273,7 @@ __global__ void __launch_bounds__(kStateThreads) state_kernel(const StateArgs a)
   }
 }
 
-// ---- compressor: pooling (SPEC 3.2 steps 1-2) ---------------------------------------------------
+// ---- compressor: pooling (CONTRACT 3.2 steps 1-2) -----------------------------------------------
 
 // The state cache, its block table and the per-token inputs, as the pooling kernels read them.
 struct PoolArgs {
@@ -363,7 +363,7 @@ __device__ float pool_channel(const PoolArgs& a, const EntryRows& rows, int c) {
   return __fdiv_rn(acc, denom);
 }
 
-// ---- compressor: RMSNorm, RoPE, quantise, store (SPEC 3.2 steps 3-5) ----------------------------
+// ---- compressor: RMSNorm, RoPE, quantise, store (CONTRACT 3.2 steps 3-5) ------------------------
 
 struct FinishArgs {
   const float* norm_weight;  // [D]

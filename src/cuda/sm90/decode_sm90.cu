@@ -1,4 +1,4 @@
-// src/cuda/sm90/decode_sm90.cu: the Hopper-specialised sparse decode (SPEC 4, 7), sm_90a.
+// src/cuda/sm90/decode_sm90.cu: the Hopper-specialised sparse decode (CONTRACT 4, 7), sm_90a.
 //
 // One CTA (384 threads = 3 warpgroups, 1 per SM) owns one query row t, one split s and a group of
 // 64 heads (rows past H are zero and never written).
@@ -72,7 +72,7 @@ using cuda::tile_cache;
 using cuda::tile_scrub;
 
 constexpr int kHeads = 64;                // wgmma M: heads per CTA
-constexpr int kKeys = cuda::kKeyTile;     // keys per tile (SPEC 4.4 bk)
+constexpr int kKeys = cuda::kKeyTile;     // keys per tile (CONTRACT 4.4 bk)
 constexpr int kDim = Fp8DsMla::kHeadDim;  // 512
 // 36 data chunks + the scale word (8 bytes) + pad: rows 148 words apart (conflict-free)
 constexpr int kRawRowBytes = 37 * 16;
@@ -227,8 +227,8 @@ __device__ __forceinline__ void copy_row(const Sm90Params& p, const SplitWork& w
 
 // True when the whole row part takes the fast dequantisation: every scale code of the row is
 // <= kFastMaxCode (all 7 checked: cheaper than selecting) and, when the tile is scrubbed, no NoPE
-// byte is an e4m3 NaN and no RoPE value a bf16 NaN. Unscrubbed tiles (the provenance gate of SPEC
-// 5: the writer guarantees no NaN) skip the per-element NaN checks.
+// byte is an e4m3 NaN and no RoPE value a bf16 NaN. Unscrubbed tiles (the provenance gate of
+// CONTRACT 5: the writer guarantees no NaN) skip the per-element NaN checks.
 __device__ __forceinline__ bool part_fast(const uint4 (&c)[9], uint2 scale, bool scrub) {
   uint32_t nan8 = 0, nan16 = 0;
 #pragma unroll
@@ -653,9 +653,9 @@ __device__ __forceinline__ void write_staged(const cuda::FinishParams& f, int64_
 // ---- 2 <= S <= 8 (the host uses S = 2): a row's splits as one cluster, combined there -------
 // Each CTA stages its m, l and acc (fp32) in its own Q + K space (free after the last P.V). After
 // a cluster barrier, thread r < 64 of each CTA folds head r's S (m, l) pairs, read from the peers'
-// shared memory, into the coefficients of SPEC 4.3 (the combine kernel's arithmetic), and the CTA
-// of rank r finishes 8-column chunks [r * ceil(64 / S), ...) of every head from the S peers' acc,
-// with the inverse RoPE, into out. No partials reach global memory and no second kernel runs.
+// shared memory, into the coefficients of CONTRACT 4.3 (the combine kernel's arithmetic), and the
+// CTA of rank r finishes 8-column chunks [r * ceil(64 / S), ...) of every head from the S peers'
+// acc, with the inverse RoPE, into out. No partials reach global memory and no second kernel runs.
 constexpr int kMaxFused = cuda::kMaxFusedSplits;
 constexpr int kAccStride = 520;  // floats per staged acc row: consecutive rows 8 banks apart
 static_assert((kHeads * kAccStride + kHeads * (3 + kMaxFused)) * 4 <= kQBytes + kKStages * kKBytes,
@@ -974,7 +974,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   int32_t work;
   const SplitWork w = split_work(p, t, s, &work);
   SPARSEMLA_STAMP(tid == 0, cuda::kTlSplitWork);
-  if (s >= work && !p.fused_combine) {  // inactive (SPEC 4.5)
+  if (s >= work && !p.fused_combine) {  // inactive (CONTRACT 4.5)
     cuda::mark_split_inactive(p, t, s, h0, heads, tid);
     return;
   }

@@ -1,4 +1,4 @@
-// src/cuda/sm90/sm90_backend.h: the Hopper-specialised CUDA decode (sm_90a; SPEC 7 picks it).
+// src/cuda/sm90/sm90_backend.h: the Hopper-specialised CUDA decode (sm_90a; CONTRACT 7 picks it).
 // Arguments are validated by dispatch; every pointer is a device pointer; caches are 16-byte
 // aligned (the architecture gate's precondition); everything runs on the caller's stream without
 // allocation or host synchronisation.
@@ -17,7 +17,7 @@ bool have_sm90a_kernels();
 // Split-K decode with S = plan.num_splits (planned with plan_sm90_tuned): the warp-specialised
 // wgmma kernel (grid T x S x ceil(H / 64)), then the combine when S > 1 unless
 // plan.fused_combine (the row's splits combine in their thread-block cluster). The extra
-// cache's scrub is skipped exactly when the provenance gate (SPEC 5) holds for the call. Same
+// cache's scrub is skipped exactly when the provenance gate (CONTRACT 5) holds for the call. Same
 // workspace layout as the generic path.
 void sparse_decode(const DecodeParams& p, const DecodePlan& plan, void* workspace);
 
