@@ -1,8 +1,8 @@
-// Fuzz target: the four CPU ragged-list builders (SPEC 4.6) with garbage lengths, request
+// Fuzz target: the four CPU ragged-list builders (CONTRACT 4.6) with garbage lengths, request
 // indices, positions, top-k entries and block tables, padding rows, and bad shapes. Oracle: each
-// builder written out here from SPEC 4.6; indptr[0..R] and the packed rows must match it exactly,
-// indices past indptr[R] stay untouched; a call is rejected exactly when a shape is bad or a valid
-// row's request / position is out of range, and a rejected call writes nothing.
+// builder written out here from CONTRACT 4.6; indptr[0..R] and the packed rows must match it
+// exactly, indices past indptr[R] stay untouched; a call is rejected exactly when a shape is bad or
+// a valid row's request / position is out of range, and a rejected call writes nothing.
 #include <algorithm>
 #include <cstdint>
 #include <limits>
@@ -26,7 +26,7 @@ struct Table {
   int64_t requests = 0;
   int32_t block_size = 1;
 
-  // SPEC 4.6: local entry i of request req -> table[req][i / bs] * bs + i % bs; -1 beyond the
+  // CONTRACT 4.6: local entry i of request req -> table[req][i / bs] * bs + i % bs; -1 beyond the
   // row; -1 when the slot does not fit int32.
   int32_t slot(int64_t req, int64_t i) const {
     const int64_t page = i / block_size;
@@ -117,7 +117,7 @@ void check_builder(const char* op, Call call, const Rows& rows, bool must_reject
     for (size_t j = 0; j < want.size(); ++j) {
       SPARSEMLA_FUZZ_CHECK(indices[offset + j] == want[j],
                            std::string(op) + ": row " + std::to_string(r) + " entry " +
-                               std::to_string(j) + " differs from SPEC 4.6");
+                               std::to_string(j) + " differs from CONTRACT 4.6");
     }
     offset += static_cast<int64_t>(want.size());
     SPARSEMLA_FUZZ_CHECK(indptr[r + 1] == offset,

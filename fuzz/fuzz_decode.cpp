@@ -1,4 +1,4 @@
-// Fuzz target: the sparse decode on the CPU (SPEC 4) and its float64 reference, with random
+// Fuzz target: the sparse decode on the CPU (CONTRACT 4) and its float64 reference, with random
 // shapes (T, H, page sizes, padded and odd strides), garbage indices (every invalid slot kind),
 // garbage indptr, poisoned caches (random bytes: NaN bytes, code 0/255, NaN/inf RoPE), special
 // q / sink values, split counts, the adaptive rule, deterministic mode and bad arguments.
@@ -7,12 +7,12 @@
 //     from >= 0 to <= capacity, positions outside the table, a short workspace), and then
 //     nothing is written;
 //   - nothing outside the out / lse rows is written (strided buffers, exact sizes);
-//   - clean inputs (caches of model latents, SPEC 9.9: N(0,1) x a per-tile gain exp(0.7 N(0,1)),
-//     quantised; queries N(0,1), sometimes x8..16 for a peaked softmax): every output is finite
-//     and passes SPEC 9.9's rule against the reference (verify_decode_output with the
-//     reference's A), lse within 2e-4 (+inf exact);
+//   - clean inputs (caches of model latents, CONTRACT 9.9: N(0,1) x a per-tile gain
+//     exp(0.7 N(0,1)), quantised; queries N(0,1), sometimes x8..16 for a peaked softmax): every
+//     output is finite and passes CONTRACT 9.9's rule against the reference (verify_decode_output
+//     with the reference's A), lse within 2e-4 (+inf exact);
 //   - caches poisoned only in scrubbable ways (NaN bytes, code 255 over zero bytes, NaN RoPE)
-//     with clean q and sink: no NaN and no inf in the output (SPEC 5, gate closed on the CPU);
+//     with clean q and sink: no NaN and no inf in the output (CONTRACT 5, gate closed on the CPU);
 //   - deterministic mode: a second run gives the same bits.
 #include <algorithm>
 #include <cmath>
@@ -63,8 +63,8 @@ FuzzCache make_cache(Input& in, Bulk& bulk) {
   c.bytes.resize(static_cast<size_t>(c.nb * c.stride));
   bulk.fill(c.bytes);
   if (c.mode == kRandomBytes) return c;
-  // Model latents (SPEC 9.9): per 64-dim tile N(0,1) x exp(0.7 N(0,1)) in bf16, the NoPE tiles
-  // quantised by the library's quantiser (SPEC 2.3, codes <= 254: tested against an independent
+  // Model latents (CONTRACT 9.9): per 64-dim tile N(0,1) x exp(0.7 N(0,1)) in bf16, the NoPE tiles
+  // quantised by the library's quantiser (CONTRACT 2.3, codes <= 254: tested against an independent
   // one in tests/cpp; here it only makes data), the RoPE tile stored as bf16; pad byte random.
   const auto tile = [&](float* x) {
     const double gain = std::exp(0.7 * bulk.normal());
@@ -177,12 +177,12 @@ void check_against_reference(Problem& pb, const DecodeParams& p, const std::vect
   // does not, over a few rows: at T*H = 1 a correct kernel exceeds it about once in 3,000 calls
   // (5.3-6.5e-6 with every element within its bound, max err/bound ~0.5; a model that only rounds
   // p and the store to bf16 does the same). Its fixed threshold ignores the p-rounding error that
-  // the element rule budgets; reported as a SPEC 9.9 defect. Here it is checked from 16 rows up,
-  // where its spread is 4x smaller.
+  // the element rule budgets; reported as a CONTRACT 9.9 defect. Here it is checked from 16 rows
+  // up, where its spread is 4x smaller.
   SPARSEMLA_FUZZ_CHECK(v.special_mismatches == 0 && v.tolerance_failures == 0,
-                       "output outside SPEC 9.9's element rule: " + v.summary());
+                       "output outside CONTRACT 9.9's element rule: " + v.summary());
   SPARSEMLA_FUZZ_CHECK(v.passed || int64_t{pb.T} * pb.H < 16,
-                       "output outside SPEC 9.9's rule: " + v.summary());
+                       "output outside CONTRACT 9.9's rule: " + v.summary());
 }
 
 }  // namespace

@@ -1,8 +1,8 @@
-// Fuzz target: the cache-row decoders dequantize_row (fp8_ds_mla, SPEC 2.1, scrub of SPEC 5) and
-// dequantize_indexer_row (SPEC 2.2) on random page geometries, random or poisoned bytes and
-// garbage slots. Oracle: the row decoded here from the bytes (e4m3 from its bit fields, UE8M0 by
-// ldexp, code 255 = +inf), compared bit for bit; rejected exactly when the geometry or the slot
-// is invalid; nothing outside the 512 (128) outputs written.
+// Fuzz target: the cache-row decoders dequantize_row (fp8_ds_mla, CONTRACT 2.1, scrub of
+// CONTRACT 5) and dequantize_indexer_row (CONTRACT 2.2) on random page geometries, random or
+// poisoned bytes and garbage slots. Oracle: the row decoded here from the bytes (e4m3 from its bit
+// fields, UE8M0 by ldexp, code 255 = +inf), compared bit for bit; rejected exactly when the
+// geometry or the slot is invalid; nothing outside the 512 (128) outputs written.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -134,7 +134,7 @@ void fuzz_indexer_row(Input& in) {
   float scale;
   std::memcpy(&scale, page + int64_t{bs} * 128 + p * 4, 4);
   for (int d = 0; d < 128; ++d) {
-    // SPEC 2.2: NORMAL p*128 + d; SHUFFLE (p/16)*2048 + (p%16)*16 + (d/16)*256 + d%16.
+    // CONTRACT 2.2: NORMAL p*128 + d; SHUFFLE (p/16)*2048 + (p%16)*16 + (d/16)*256 + d%16.
     const int64_t off =
         shuffle ? (p / 16) * 2048 + (p % 16) * 16 + (d / 16) * 256 + d % 16 : p * 128 + d;
     const float want = static_cast<float>(e4m3_value(page[off])) * scale;  // fp32, as specified

@@ -1,8 +1,8 @@
-// Fuzz target: the indexer-key gather (SPEC 6) on the CPU with garbage token_to_seq, cu_seqlen and
-// block tables, NORMAL and SHUFFLE pages, padded strides and over-allocated outputs. Oracle: the
-// gather written out here from SPEC 6 -- invalid tokens write nothing, valid tokens on an invalid
-// page get scale 0 and an untouched value row, the others a copy of their row -- compared byte
-// for byte over both outputs; rejected exactly when a shape is bad or cu_seqlen is not a
+// Fuzz target: the indexer-key gather (CONTRACT 6) on the CPU with garbage token_to_seq, cu_seqlen
+// and block tables, NORMAL and SHUFFLE pages, padded strides and over-allocated outputs. Oracle:
+// the gather written out here from CONTRACT 6 -- invalid tokens write nothing, valid tokens on an
+// invalid page get scale 0 and an untouched value row, the others a copy of their row -- compared
+// byte for byte over both outputs; rejected exactly when a shape is bad or cu_seqlen is not a
 // non-decreasing sequence from >= 0 (the CPU path reads it).
 #include <cstdint>
 #include <cstring>
@@ -97,8 +97,9 @@ int run_gather(const uint8_t* data, size_t size) {
       std::memcpy(&want_scale[tid], base + int64_t{bs} * 128 + r * 4, 4);
     }
   }
-  SPARSEMLA_FUZZ_CHECK(k_fp8 == want_fp8, "k_fp8 differs from the SPEC 6 oracle");
-  SPARSEMLA_FUZZ_CHECK(same_bits(k_scale, want_scale), "k_scale differs from the SPEC 6 oracle");
+  SPARSEMLA_FUZZ_CHECK(k_fp8 == want_fp8, "k_fp8 differs from the CONTRACT 6 oracle");
+  SPARSEMLA_FUZZ_CHECK(same_bits(k_scale, want_scale),
+                       "k_scale differs from the CONTRACT 6 oracle");
   return 0;
 }
 

@@ -1,6 +1,6 @@
-// Fuzz target: the window writer (SPEC 3.1) with arbitrary bf16 latents (every bit pattern: NaN,
-// +-inf, subnormals), arbitrary RoPE tables, garbage positions and slots, both sanitising modes.
-// Properties checked on the written cache (SPEC 2.1, 2.3, 5):
+// Fuzz target: the window writer (CONTRACT 3.1) with arbitrary bf16 latents (every bit pattern:
+// NaN, +-inf, subnormals), arbitrary RoPE tables, garbage positions and slots, both sanitising
+// modes. Properties checked on the written cache (CONTRACT 2.1, 2.3, 5):
 //   - rejected exactly when a token with slot >= 0 has slot >= capacity or a position outside the
 //     table, and then nothing is written;
 //   - bytes outside the rows of slots >= 0 (other rows, scale pads of other rows, page padding)

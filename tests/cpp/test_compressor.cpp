@@ -1,7 +1,8 @@
 // Compressor state writer, KV compressor (r=4 with overlap, r=128) and indexer compressor
-// (SPEC 3.2) on the CPU, against the float64 reference of tests/cpp/reference/writer_reference.h,
-// with the tolerance rules of SPEC 9.3; the two-stage form byte for byte against the single pass;
-// and the sanitising contract of SPEC 5 on poisoned inputs.
+// (CONTRACT 3.2) on the CPU, against the float64 reference of
+// tests/cpp/reference/writer_reference.h, with the tolerance rules of CONTRACT 9.3; the two-stage
+// form byte for byte against the single pass; and the sanitising contract of CONTRACT 5 on poisoned
+// inputs.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -282,7 +283,7 @@ TEST(CompressorStateWriterCpu, StoresKvAndBiasedScoreStateBs1_4_8PaddedStrides) 
         p.path = Path::Cpu;
         write_compressor_state(p);
 
-        std::vector<float> want = before;  // the spec's formula, element by element
+        std::vector<float> want = before;  // the contract's formula, element by element
         for (int64_t i = 0; i < n; ++i) {
           if (slots[i] < 0) continue;
           float* row =
@@ -455,7 +456,7 @@ TEST(CompressorCpu, StateWriterThenCompressInOneMtpBatch) {
   }
 }
 
-// ---- sanitising contract on poisoned inputs (SPEC 5)
+// ---- sanitising contract on poisoned inputs (CONTRACT 5)
 // ---------------------------------------------
 
 TEST(CompressorCpu, SanitisingModeOnPoisonedInputsEqualsScrubbedLegacyRows) {

@@ -1,5 +1,5 @@
-// CPU sparse decode (SPEC 4.1-4.3a, 5, 9 item 4): the float64 reference against a naive oracle
-// written here, the fast CPU path against the reference under the SPEC 9 tolerance, and the
+// CPU sparse decode (CONTRACT 4.1-4.3a, 5, 9.4): the float64 reference against a naive oracle
+// written here, the fast CPU path against the reference under the CONTRACT 9 tolerance, and the
 // semantics of sinks, invalid slots, empty rows, scrub, inverse RoPE, lse and validation.
 // Split-K, empty and adaptive splits are in test_decode_split.cpp.
 #include <gtest/gtest.h>
@@ -22,14 +22,14 @@ namespace sparsemla::test::decode {
 namespace {
 
 // Engine-style page padding (a multiple of 576) for even page sizes, none for odd ones (the
-// unpadded, not 16-byte aligned stride of SPEC 2.1).
+// unpadded, not 16-byte aligned stride of CONTRACT 2.1).
 int64_t engine_pad(int32_t bs) {
   if (bs % 2 == 1) return 0;
   const int64_t bytes = int64_t{bs} * kTokenBytes;
   return (576 - bytes % 576) % 576;
 }
 
-// A cache of model data (SPEC 9.9) with at least `slots` slots.
+// A cache of model data (CONTRACT 9.9) with at least `slots` slots.
 CacheSpec cache_of(int64_t slots, int32_t bs) {
   CacheSpec c;
   c.block_size = bs;
@@ -433,7 +433,7 @@ TEST(DecodeReferenceCpu, ExtraScrubFollowsTheProvenanceGate) {
     p.kv_connector = false;
   };
   // Gate holds: the extra rows are taken as they are, so NaN reaches every row that reads a
-  // poisoned slot (its denominator is NaN: the output is 0 and lse is NaN, SPEC 4.3).
+  // poisoned slot (its denominator is NaN: the output is 0 and lse is NaN, CONTRACT 4.3).
   const RefRun raw = run_reference(dirty, gate_holds);
   int rows_hit = 0;
   for (int64_t t = 0; t < clean.T; ++t) {
@@ -562,7 +562,7 @@ TEST(InverseRopeCpu, FusedMatchesStandalone) {
   }
 }
 
-// ---- the accuracy rule (SPEC 9.9) ---------------------------------------------------------------
+// ---- the accuracy rule (CONTRACT 9.9) -----------------------------------------------------------
 
 // verify_decode_output on hand-made outputs: one head row of 512 elements.
 struct VerifyRow {
@@ -762,7 +762,7 @@ TEST(DecodeApiCpu, NumSplitsIsTheCallersOrTheGenericPlanner) {
   std::vector<bf16_bits> q(1), out(1);
   p.q = q.data();
   p.out = out.data();  // never written: only shapes matter here
-  // SPEC 4.4 generic conformance values with CU = 256: (T, hb, w_main, w_extra) -> S.
+  // CONTRACT 4.4 generic conformance values with CU = 256: (T, hb, w_main, w_extra) -> S.
   const struct {
     int64_t T, w_extra;
     int32_t want;

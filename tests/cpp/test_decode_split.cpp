@@ -1,4 +1,4 @@
-// Split-K of the CPU decode (SPEC 4.3, 4.5, 9 item 4): an fp64 split + combine written here
+// Split-K of the CPU decode (CONTRACT 4.3, 4.5, 9.4): an fp64 split + combine written here
 // against the unsplit reference, the fast path's partials in the caller's workspace layout, split
 // counts against each other, empty splits, the direct S = 1 finish, and adaptive inactive splits
 // whose NaN-poisoned accumulators must never be read.
@@ -28,7 +28,7 @@ int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
 
-// ---- fp64 split + combine (SPEC 4.3), written here
+// ---- fp64 split + combine (CONTRACT 4.3), written here
 // ------------------------------------------------
 
 struct Fp64Partial {
@@ -110,7 +110,7 @@ std::vector<double> fp64_combine(const DecodeCase& c, int64_t t, int32_t h,
   return o;
 }
 
-// The fast path's partial (t, s, h) in the workspace layout of SPEC 4.3 (m, l fp32 [T, S, H],
+// The fast path's partial (t, s, h) in the workspace layout of CONTRACT 4.3 (m, l fp32 [T, S, H],
 // then acc fp32 [T, S, H, 512]) against the fp64 partial of the same key range.
 void expect_partial_matches(const DecodeCase& c, const FastRun& run, int32_t splits, int64_t t,
                             int32_t s, int32_t h, const Fp64Partial& want) {
@@ -252,7 +252,7 @@ TEST(DecodeSplitCpu, EmptySplitsAndTheDirectFinishAreBitExact) {
   expect_kernel_matches_reference(small, three, run_reference(small));
 }
 
-// SPEC 4.5, written out here: the number of splits that do work for a row.
+// CONTRACT 4.5, written out here: the number of splits that do work for a row.
 int32_t expected_work(int64_t len_main, int64_t len_extra, int32_t splits, int32_t one_wave) {
   const auto blocks = [&](int64_t pieces) {
     return ceil_div(len_main, pieces * 32) + ceil_div(len_extra, pieces * 32);
@@ -274,7 +274,7 @@ TEST(DecodeSplitCpu, AdaptiveInactiveSplitsLeavePoisonedAccUnread) {
   s.main = cache_of(256, 64);
   s.extra = cache_of(600, 64);
   s.main_lengths = {1, 1, 1};
-  s.extra_lengths = {64, 512, 1536};  // SPEC 4.5's example: 4 / 16 / 32 active splits
+  s.extra_lengths = {64, 512, 1536};  // CONTRACT 4.5's example: 4 / 16 / 32 active splits
   for (int64_t t = 3; t < s.T; ++t) {
     s.main_lengths.push_back(rng.randint(0, 128));
     s.extra_lengths.push_back(rng.randint(0, 1700));
@@ -330,7 +330,7 @@ TEST(DecodeSplitCpu, PlannerSplitsMatchReference) {
   s.extra_lengths = {300};
   s.positions = true;
   const DecodeCase c(rng, s);
-  // Widths (128, 8192) on 256 CUs: the generic planner's (1, 1, 128, 8192) -> 16 (SPEC 4.4).
+  // Widths (128, 8192) on 256 CUs: the generic planner's (1, 1, 128, 8192) -> 16 (CONTRACT 4.4).
   const auto planned = [](DecodeParams& p) {
     p.num_sms = 256;
     p.main_list.width = 128;

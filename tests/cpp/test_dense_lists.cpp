@@ -1,5 +1,5 @@
 // tests/cpp/test_dense_lists.cpp: the decode reads FlashMLA's dense [T, W] index lists directly
-// (SPEC 4.6 "Dense lists"): the same bits as the ragged list build_ragged_from_dense makes from
+// (CONTRACT 4.6 "Dense lists"): the same bits as the ragged list build_ragged_from_dense makes from
 // them, for every way of giving lengths (none with -1 padding, per row, per request with
 // rows_per_length = s_q), lengths outside [0, W] and out-of-range entries; plus DecodePlan reuse
 // (one plan, several layers) and the plan / call mismatch errors. CPU path; the GPU paths in
@@ -54,7 +54,7 @@ void expect_same_bits(const Outputs& a, const Outputs& b) {
   EXPECT_EQ(lse_diff, 0) << "lse elements that differ";
 }
 
-// Model data (SPEC 9.9) on pages of bs rows padded to a multiple of 576 bytes as engines do.
+// Model data (CONTRACT 9.9) on pages of bs rows padded to a multiple of 576 bytes as engines do.
 CacheSpec paged_cache(int64_t slots, int32_t bs) {
   CacheSpec c;
   c.block_size = bs;

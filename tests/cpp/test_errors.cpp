@@ -1,8 +1,9 @@
-// Bad inputs at every public entry (SPEC 8, issue 7): one table per entry point. Each row breaks
-// one field of an otherwise valid call and expects a sparsemla::Error whose message names the
-// operation, the argument and what was expected -- and that nothing was written. Every table first
-// checks that its unbroken fixture runs, so a row can only pass because of the field it breaks.
-// Each test prints "[ bad inputs ] <entry>: N rejected"; docs/RELIABILITY.md lists the counts.
+// Bad inputs at every public entry (CONTRACT 8, issue 7): one table per entry point. Each row
+// breaks one field of an otherwise valid call and expects a sparsemla::Error whose message names
+// the operation, the argument and what was expected -- and that nothing was written. Every table
+// first checks that its unbroken fixture runs, so a row can only pass because of the field it
+// breaks. Each test prints "[ bad inputs ] <entry>: N rejected"; docs/RELIABILITY.md lists the
+// counts.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -184,7 +185,7 @@ std::vector<Bad<F>> decode_shape_rows() {
        [](F& f) { f.p.extra_cache.block_stride = 1000; },
        {"extra_cache.block_stride", "1168"}},
       {"main indices null", [](F& f) { f.p.main_list.indices = nullptr; }, {"main_list.indices"}},
-      // indptr null selects the dense form (SPEC 4.6), which needs the row width W.
+      // indptr null selects the dense form (CONTRACT 4.6), which needs the row width W.
       {"main indptr null, no width",
        [](F& f) {
          f.p.main_list.indptr = nullptr;

@@ -1,5 +1,5 @@
-// Cache layout tests (SPEC 2.1, 2.2, 9.2): byte positions from the spec formulas written here, and
-// a page written by write_window compared byte for byte with a page built by hand.
+// Cache layout tests (CONTRACT 2.1, 2.2, 9.2): byte positions from the contract's formulas written
+// here, and a page written by write_window compared byte for byte with a page built by hand.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -206,7 +206,7 @@ HandToken make_hand_token(test::Rng& rng, int64_t position, const int* turns) {
 void place_token(std::vector<uint8_t>& image, const HandToken& t, int64_t slot, int bs,
                  int64_t stride) {
   const int64_t block = slot / bs, p = slot % bs;
-  uint8_t* data = image.data() + block * stride + p * 576;  // SPEC 2.1 formulas
+  uint8_t* data = image.data() + block * stride + p * 576;  // CONTRACT 2.1 formulas
   uint8_t* scale = image.data() + block * stride + int64_t{bs} * 576 + p * 8;
   std::memcpy(data, t.nope, 448);
   for (int i = 0; i < 64; ++i) {  // little-endian bf16

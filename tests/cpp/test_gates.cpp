@@ -1,5 +1,5 @@
-// The NaN provenance gate (SPEC 5) and the architecture gate (SPEC 7): pure functions, tested
-// exhaustively where the inputs allow.
+// The NaN provenance gate (CONTRACT 5) and the architecture gate (CONTRACT 7): pure functions,
+// tested exhaustively where the inputs allow.
 #include <gtest/gtest.h>
 
 #include <string>

@@ -1,4 +1,4 @@
-// Indexer-key gather tests (SPEC 6, 9.8) against a straightforward gather written here.
+// Indexer-key gather tests (CONTRACT 6, 9.8) against a straightforward gather written here.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,7 +14,7 @@
 namespace sparsemla {
 namespace {
 
-// Byte offset of value (row p, dim d) in a page, written out from SPEC 2.2.
+// Byte offset of value (row p, dim d) in a page, written out from CONTRACT 2.2.
 int64_t value_offset(IndexerLayout layout, int64_t p, int64_t d) {
   if (layout == IndexerLayout::Normal) return p * 128 + d;
   return (p / 16) * 16 * 128 + (p % 16) * 16 + (d / 16) * 256 + d % 16;
@@ -25,7 +25,7 @@ struct GatherStats {
   int64_t copied = 0, invalid_page = 0, padding = 0;
 };
 
-// The reference gather: one token at a time, every rule of SPEC 6 spelled out.
+// The reference gather: one token at a time, every rule of CONTRACT 6 spelled out.
 GatherStats reference_gather(const GatherParams& p, std::vector<uint8_t>& k_fp8,
                              std::vector<float>& k_scale) {
   GatherStats st;
@@ -195,7 +195,7 @@ TEST(GatherCpu, MatchesReferenceMultiSequenceShuffleLayout) {
   expect_all_rules_exercised(total);
 }
 
-// Hand-checked expectations on one small problem: each rule of SPEC 6 on a known token.
+// Hand-checked expectations on one small problem: each rule of CONTRACT 6 on a known token.
 TEST(GatherCpu, PaddingTokensAndInvalidPagesFollowTheRules) {
   const uint64_t seed = test::fresh_seed();
   SPARSEMLA_SEED_TRACE(seed);
@@ -272,7 +272,7 @@ TEST(GatherCpu, PaddingTokensAndInvalidPagesFollowTheRules) {
 }
 
 // One function serves every batch count: the same arrays gathered with B = 1, 2, ..., all against
-// the reference (the batch count is a run-time value, SPEC 6).
+// the reference (the batch count is a run-time value, CONTRACT 6).
 TEST(GatherCpu, BatchCountIsARuntimeValue) {
   const uint64_t seed = test::fresh_seed();
   SPARSEMLA_SEED_TRACE(seed);

@@ -1,5 +1,6 @@
-// Ragged-list builders (SPEC 4.6) against straightforward in-test implementations on random inputs,
-// and the graph-buffer contract: persistent buffers reused across steps with a changing live batch.
+// Ragged-list builders (CONTRACT 4.6) against straightforward in-test implementations on random
+// inputs, and the graph-buffer contract: persistent buffers reused across steps with a changing
+// live batch.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -75,7 +76,7 @@ struct BlockTable {
   int32_t block_size;
   std::vector<int32_t> data;
 
-  // slot of local entry i of request req, as SPEC 4.6 writes it; -1 beyond the table row.
+  // slot of local entry i of request req, as CONTRACT 4.6 writes it; -1 beyond the table row.
   int32_t slot(int64_t req, int64_t i) const {
     if (i / block_size >= width) return -1;
     return static_cast<int32_t>(int64_t{data[req * stride + i / block_size]} * block_size +
@@ -140,7 +141,7 @@ void expect_arg_error(Fn fn, const std::string& arg) {
   }
 }
 
-// ---- Straightforward references (SPEC 4.6, written out) ---------------------------------------
+// ---- Straightforward references (CONTRACT 4.6, written out) -----------------------------------
 
 Rows ref_window(const std::vector<int64_t>& pos, const std::vector<int32_t>& req,
                 const std::vector<uint8_t>& valid, const BlockTable& t) {

@@ -1,5 +1,5 @@
-// Codec and quantiser tests (SPEC 2.1, 2.3, 9.1) against independent references written here and
-// in reference/e4m3_table.cpp (none of them calls sparsemla/numerics.h).
+// Codec and quantiser tests (CONTRACT 2.1, 2.3, 9.1) against independent references written here
+// and in reference/e4m3_table.cpp (none of them calls sparsemla/numerics.h).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -255,7 +255,7 @@ TEST(Bf16Codec, RneMatchesReferenceOnRandomFloats) {
   }
 }
 
-// ---- the quantiser (SPEC 2.3)
+// ---- the quantiser (CONTRACT 2.3)
 // --------------------------------------------------------------------
 
 // Exact ceil(log2(amax / 448)) by integer reasoning: the smallest e with 448 * 2^e >= amax

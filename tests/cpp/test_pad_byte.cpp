@@ -1,8 +1,8 @@
-// The pad byte (SPEC 2.1): byte 7 of each token's scale word carries no information, and real
+// The pad byte (CONTRACT 2.1): byte 7 of each token's scale word carries no information, and real
 // caches hold anything there (FlashMLA's quantiser leaves it uninitialised), so no reader may let
 // it change a result. On the CPU: the fast decode (Path::Cpu, 1 and 3 splits), the float64
 // reference (with the scrub decisions of the CPU path and, for sanitised extra caches, of the
-// specialised path, whose gate skips the extra scrub: SPEC 5) and dequantize_row give the same
+// specialised path, whose gate skips the extra scrub: CONTRACT 5) and dequantize_row give the same
 // bits with every pad byte 0, random or 0xFF, for every layer kind (reference/pad_byte_problem.h:
 // model-magnitude rows from the library's quantiser, a few NaN bytes in scrubbed caches and a few
 // tiles at codes 135..140). tests/gpu/test_gpu_pad_byte.cpp holds the same for both CUDA paths.
@@ -48,7 +48,7 @@ struct RefRun {
   std::vector<double> out, lse, abs_mean;
 };
 
-// path picks the reference's scrub decisions (SPEC 5): Cpu always scrubs the extra cache,
+// path picks the reference's scrub decisions (CONTRACT 5): Cpu always scrubs the extra cache,
 // CudaSm90 skips it when the gate holds.
 RefRun run_reference(const Problem& pb, Path path) {
   RefRun r;

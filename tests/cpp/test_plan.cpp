@@ -1,6 +1,6 @@
-// The split-count planners (SPEC 4.4), the adaptive active-split rule (SPEC 4.5) and split ranges
-// (SPEC 4.3): conformance values, range properties and a straightforward in-test transcription of
-// the spec's pseudo-code.
+// The split-count planners (CONTRACT 4.4), the adaptive active-split rule (CONTRACT 4.5) and split
+// ranges (CONTRACT 4.3): conformance values, range properties and a straightforward in-test
+// transcription of the contract's pseudo-code.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,7 +15,7 @@
 namespace sparsemla {
 namespace {
 
-// ---- A literal transcription of SPEC 4.4 / 4.5 (independent of src/core/plan.cpp) ---------------
+// ---- A literal transcription of CONTRACT 4.4 / 4.5 (independent of src/core/plan.cpp) -----------
 
 struct RefShape {
   long long t, hb, w_main, w_extra, cu;
@@ -47,7 +47,7 @@ long long ref_shrink(const RefShape& x, long long best) {
 
 long long ref_generic(const RefShape& x) {
   if (x.t == 0) return 1;
-  // The cost in doubles, exactly as written in the spec; differences below 1e-9 are real ties
+  // The cost in doubles, exactly as the contract writes it; differences below 1e-9 are real ties
   // (the costs are rationals with denominators <= 25*16), which keep the smaller s.
   long long best = 1;
   double best_cost = ref_waves(x, 1) * (1.0 + 0.04);
@@ -157,7 +157,7 @@ void expect_arg_error(Fn fn, const std::string& arg) {
   }
 }
 
-// ---- Conformance (SPEC 4.4, CU = 256) -----------------------------------------------------------
+// ---- Conformance (CONTRACT 4.4, CU = 256) -------------------------------------------------------
 
 TEST(PlanConformance, SpecialisedReferenceCu256PinnedValues) {
   const std::vector<Conformance> cases = {
@@ -278,7 +278,8 @@ TEST(PlanValidation, ErrorsNameTheArgument) {
   expect_arg_error([] { adaptive_active_splits(1, 1, 8, 0); }, "one_wave");
 }
 
-// The re-tunable policy of the specialised path (SPEC 4.4: range [1, 32] and sanity, not values).
+// The re-tunable policy of the specialised path (CONTRACT 4.4: range [1, 32] and sanity, not
+// values).
 TEST(PlanSm90Tuned, RangeAndSanityOnCu132Sweep) {
   for_each_sweep_shape([](const PlanShape& s0, const RefShape&) {
     PlanShape s = s0;
@@ -302,7 +303,7 @@ TEST(PlanSm90Tuned, RangeAndSanityOnCu132Sweep) {
       ASSERT_EQ(got, std::clamp<int64_t>(room, 1, 16)) << text(s);
     }
     ASSERT_EQ(plan_sm90_tuned(s), got) << "a pure function of the shape: " << text(s);
-    // Only hb = ceil(H/16) matters, whatever the tile shape (SPEC 4.4).
+    // Only hb = ceil(H/16) matters, whatever the tile shape (CONTRACT 4.4).
     PlanShape same_hb = s;
     same_hb.num_heads = (s.num_heads + 15) / 16 * 16;
     ASSERT_EQ(plan_sm90_tuned(same_hb), got) << text(s);
@@ -365,7 +366,7 @@ TEST(AutoPrefersSm90, MatchesTheMeasuredCellsOnTheH200) {
   }
 }
 
-// ---- Adaptive active splits (SPEC 4.5) ----------------------------------------------------------
+// ---- Adaptive active splits (CONTRACT 4.5) ------------------------------------------------------
 
 TEST(AdaptiveSplits, SpecExampleS32OneWave16) {
   EXPECT_EQ(adaptive_active_splits(1, 64, 32, 16), 4);
@@ -412,7 +413,7 @@ TEST(AdaptiveOneWave, CuOverBaseOnlyForBase16To63) {
   EXPECT_EQ(adaptive_one_wave(shape_of(20, 1, 128, 512, 8), 32), 1);  // CU / base = 0 -> 1
 }
 
-// ---- Split ranges (SPEC 4.3) --------------------------------------------------------------------
+// ---- Split ranges (CONTRACT 4.3) ----------------------------------------------------------------
 
 TEST(SplitRange, CoversSegmentExactlyAndDisjointly) {
   std::vector<int64_t> lens;
@@ -427,7 +428,7 @@ TEST(SplitRange, CoversSegmentExactlyAndDisjointly) {
         ASSERT_LE(r.begin, r.end);
         ASSERT_EQ(r.begin, covered_to) << "len=" << len << " S=" << pieces << " s=" << s;
         ASSERT_LE(r.end - r.begin, c);
-        // [s*c, min((s+1)*c, len)) of SPEC 4.3, empty once s*c >= len.
+        // [s*c, min((s+1)*c, len)) of CONTRACT 4.3, empty once s*c >= len.
         ASSERT_EQ(r.begin, std::min<int64_t>(s * c, len));
         ASSERT_EQ(r.end, std::min<int64_t>((s + 1) * c, len));
         covered_to = r.end;

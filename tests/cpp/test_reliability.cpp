@@ -1,6 +1,6 @@
 // Reliability on the CPU (issue 7): the committed fuzz corpora replayed through the fuzz targets
 // (and fresh random inputs), regression tests of what fuzzing found, deterministic (batch
-// invariant) decode, and NaN provenance end to end (SPEC 5: sanitising compressor -> cache ->
+// invariant) decode, and NaN provenance end to end (CONTRACT 5: sanitising compressor -> cache ->
 // decode with and without the scrub).
 #include <gtest/gtest.h>
 
@@ -350,7 +350,7 @@ struct ProvenanceCase {
     p.path = Path::Cpu;
     return p;
   }
-  // float64 reference; `skip_scrub`: the specialised path with the gate open (SPEC 5), else the
+  // float64 reference; `skip_scrub`: the specialised path with the gate open (CONTRACT 5), else the
   // gate closed by `connector` or by the path.
   std::vector<double> reference(const std::vector<uint8_t>& cache, bool skip_scrub,
                                 bool connector = false) const {
@@ -374,13 +374,13 @@ struct ProvenanceCase {
   }
 };
 
-// SPEC 5 end to end: the compressor in sanitising mode writes a cache whose rows decoded without
-// the scrub equal the legacy rows decoded with it (row decoder, scrub = false vs true), and a
-// decode that skips the extra scrub under the gate (the reference with the specialised path's
+// CONTRACT 5 end to end: the compressor in sanitising mode writes a cache whose rows decoded
+// without the scrub equal the legacy rows decoded with it (row decoder, scrub = false vs true), and
+// a decode that skips the extra scrub under the gate (the reference with the specialised path's
 // decisions) equals the scrubbed decode -- exactly. With NaN-only poison everything stays finite;
 // with +-inf poison the affected rows are -inf in both and the outputs NaN in the same places.
 // The legacy cache decoded with the scrub skipped decodes differently (its NaN keys make a row's
-// denominator NaN, hence the row 0 by SPEC 4.2): the skip is real.
+// denominator NaN, hence the row 0 by CONTRACT 4.2): the skip is real.
 TEST(NanProvenanceCpu, SanitisedCompressorCacheDecodesEqualWithAndWithoutScrub) {
   for (Poison poison : {Poison::kNanOnly, Poison::kNanAndInf}) {
     const uint64_t seed = fresh_seed();
@@ -498,7 +498,7 @@ TEST(QuantiserRegression, SignalingNanNeverHidesLargerValues) {
   x[40] = snan;
   EXPECT_EQ(quant_amax(x, 64), 1000.0f);
   EXPECT_EQ(quantize_block(x, 64, bytes), quant_exponent(1000.0f));
-  EXPECT_EQ(bytes[40], E4m3::kNegMaxByte);  // NaN element -> -448 (SPEC 2.3)
+  EXPECT_EQ(bytes[40], E4m3::kNegMaxByte);  // NaN element -> -448 (CONTRACT 2.3)
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
-// Window writer (SPEC 3.1), row decoders (SPEC 2.1, 2.2) and the sanitising contract (SPEC 5) on
-// the CPU, against the float64 reference of tests/cpp/reference/writer_reference.h.
+// Window writer (CONTRACT 3.1), row decoders (CONTRACT 2.1, 2.2) and the sanitising contract
+// (CONTRACT 5) on the CPU, against the float64 reference of tests/cpp/reference/writer_reference.h.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -203,7 +203,7 @@ TEST(WindowWriterCpu, EmptyBatchWithNullPointersIsANoOp) {
   EXPECT_EQ(cache.bytes, before);
 }
 
-// ---- sanitising contract (SPEC 5)
+// ---- sanitising contract (CONTRACT 5)
 // ----------------------------------------------------------------
 
 TEST(WindowWriterCpu, SanitisingModeOnPoisonedInputsEqualsScrubbedLegacyRows) {

@@ -1,4 +1,4 @@
-// tests/gpu/test_gpu_decode.cpp: both CUDA decode paths (SPEC 4, 5, 7, 9 item 9) against the
+// tests/gpu/test_gpu_decode.cpp: both CUDA decode paths (CONTRACT 4, 5, 7, 9.9) against the
 // float64 CPU reference (sparse_decode_reference with the same path, so its scrub decisions are the
 // kernel's), plus the device codec table against the host codecs. The suite GpuDecode runs every
 // case on the portable path (.../Generic) and on the Hopper-specialised path (.../Sm90; a cc 9.0
@@ -9,8 +9,8 @@
 // Every run draws fresh random data (SPARSEMLA_TEST_SEED reproduces one), poisons out / lse / the
 // workspace with NaN first, and checks that nothing outside the output rows was written.
 //
-// Data: model magnitudes (SPEC 9.9, decode_fixture.h): latents N(0,1) x per-tile gains, queries
-// N(0,1), peaked softmaxes in some cases; every output is held to SPEC 9.9's rule
+// Data: model magnitudes (CONTRACT 9.9, decode_fixture.h): latents N(0,1) x per-tile gains, queries
+// N(0,1), peaked softmaxes in some cases; every output is held to CONTRACT 9.9's rule
 // (decode_fixture.h's expect_kernel_matches_reference; the argument is in
 // include/sparsemla/verify.h). Wide code ranges are tested bit-exactly through one-key rows
 // (DequantisesEveryCodeExactly), where p = 1 and the output is K.
@@ -402,7 +402,7 @@ void expect_bits_independent_of_head_blocks(const DecodeCase& c, const DeviceCas
 }
 
 // Rows of the given main and extra lengths (random slots, a fraction p_invalid of them invalid);
-// row `all_invalid` holds every invalid slot value of SPEC 9 in both lists instead.
+// row `all_invalid` holds every invalid slot value of CONTRACT 9 in both lists instead.
 void set_edge_rows(Rng& rng, DecodeCase& c, const std::vector<int64_t>& main_len,
                    const std::vector<int64_t>& extra_len, int64_t all_invalid, double p_invalid,
                    int64_t lead) {
@@ -629,11 +629,11 @@ TEST_P(GpuDecode, SkewedRowsManyTokensSplitCounts2And4) {
   }
 }
 
-// Lengths around the 32-key tile, rows with only invalid slots, every invalid slot value of SPEC 9.
-// The CTA owns 4, 2 or 1 head blocks, chosen from the grid size against the SM count. On 132 SMs
-// the suite's small shapes only reach 1 or 2, while batch 128 runs 4: pretend the GPU has few SMs
-// (DecodeParams::num_sms) so every variant runs, and check each against the reference and that
-// the bits do not depend on the variant.
+// Lengths around the 32-key tile, rows with only invalid slots, every invalid slot value of
+// CONTRACT 9. The CTA owns 4, 2 or 1 head blocks, chosen from the grid size against the SM count.
+// On 132 SMs the suite's small shapes only reach 1 or 2, while batch 128 runs 4: pretend the GPU
+// has few SMs (DecodeParams::num_sms) so every variant runs, and check each against the reference
+// and that the bits do not depend on the variant.
 TEST_F(GpuDecodeGeneric, EveryHeadBlocksPerCtaVariantMatchesReference) {
   const uint64_t seed = fresh_seed();
   SPARSEMLA_SEED_TRACE(seed);
@@ -748,7 +748,7 @@ TEST_P(GpuDecode, UntrustedIndptrIsClampedIntoTheList) {
   for (int32_t split : {1, 4}) expect_matches(clamped, run_gpu(c, d, split), ref);
 }
 
-// SPEC 5: NaN bytes, code-255 tiles of zero bytes (0 * inf) and NaN RoPE values in both caches;
+// CONTRACT 5: NaN bytes, code-255 tiles of zero bytes (0 * inf) and NaN RoPE values in both caches;
 // the generic path scrubs both (the provenance gate never holds there), whatever the caller
 // asserts.
 // Poisons a fraction of a cache's rows: NaN bytes, code 255 over zero bytes, NaN RoPE values.
@@ -782,7 +782,7 @@ CaseSpec poisoning_spec(int32_t H, int32_t extra_bs) {
   return s;
 }
 
-// SPEC 5: the window cache is always scrubbed; the extra cache too unless the provenance gate
+// CONTRACT 5: the window cache is always scrubbed; the extra cache too unless the provenance gate
 // holds (specialised path, sanitised extra cache asserted, no connector). Gate closed: poisoned
 // rows in both caches give the scrubbed reference result without a NaN. Gate open (sm90 only):
 // the extra cache is trusted, so its poisoned rows change the output (proof that the scrub was
@@ -891,7 +891,7 @@ TEST_P(GpuDecode, SinkVariantsAndLse) {
   }
 }
 
-// Fused inverse RoPE against the reference, and against decode-then-standalone (SPEC 4.3: NoPE
+// Fused inverse RoPE against the reference, and against decode-then-standalone (CONTRACT 4.3: NoPE
 // dims bit-exact, RoPE dims within 2 bf16 ulps of the pair's magnitude); the standalone GPU
 // rotation equals the CPU one bit for bit (same fp32 products and sums, one rounding).
 TEST_P(GpuDecode, FusedInverseRopeMatchesReferenceAndStandalone) {
@@ -1067,9 +1067,9 @@ TEST_P(GpuDecode, DequantisesEveryCodeExactly) {
   }
 }
 
-// SPEC 4.5 on the generic path: rows decide their active splits from their true lengths; inactive
-// splits write m = -FLT_MAX, l = 0 and leave acc untouched (its NaN poison stays), and the combine
-// never reads them. ONE_WAVE = 256 / 20 = 12 here (num_sms 256, T*hb = 20).
+// CONTRACT 4.5 on the generic path: rows decide their active splits from their true lengths;
+// inactive splits write m = -FLT_MAX, l = 0 and leave acc untouched (its NaN poison stays), and the
+// combine never reads them. ONE_WAVE = 256 / 20 = 12 here (num_sms 256, T*hb = 20).
 TEST_P(GpuDecode, AdaptiveSplitsIgnorePoisonedWorkspace) {
   const uint64_t seed = fresh_seed();
   SPARSEMLA_SEED_TRACE(seed);
@@ -1171,8 +1171,9 @@ TEST_P(GpuDecode, GraphReplayColdL2ManySplitsC4ProShape) {
   cudaStreamDestroy(stream);
 }
 
-// Graph buffers (SPEC 4.6): one capture, then replays whose indptr / indices change in place (same
-// addresses, same capacity, rows of new lengths); each replay matches the reference of its lists.
+// Graph buffers (CONTRACT 4.6): one capture, then replays whose indptr / indices change in place
+// (same addresses, same capacity, rows of new lengths); each replay matches the reference of its
+// lists.
 TEST_P(GpuDecode, GraphReplayWithChangingLists) {
   const uint64_t seed = fresh_seed();
   SPARSEMLA_SEED_TRACE(seed);
@@ -1304,7 +1305,7 @@ TEST_F(GpuDecodeGeneric, ArgumentErrorsAndZeroTokens) {
   EXPECT_THROW(sparse_decode(forced, nullptr, 0), Error);
 }
 
-// ---- dense lists (SPEC 4.6) and plans ----------------------------------------------------------
+// ---- dense lists (CONTRACT 4.6) and plans ------------------------------------------------------
 
 // A dense list on the device, or the ragged list the builder makes from it.
 struct DeviceDense {

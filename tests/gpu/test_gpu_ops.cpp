@@ -1,5 +1,5 @@
 // tests/gpu/test_gpu_ops.cpp: the portable CUDA writers, gather and list builders against the CPU
-// backend (SPEC 3, 4.6, 5, 6; catalogue items 3, 6, 8 and 9).
+// backend (CONTRACT 3, 4.6, 5, 6; catalogue items 3, 6, 8 and 9).
 //
 // Every test fills the same params struct twice (host pointers with path Cpu, device pointers with
 // path CudaGeneric), runs both on fresh random data (SPARSEMLA_TEST_SEED reproduces a run) and
@@ -9,10 +9,10 @@
 //  - the compressor's pooling exp: the GPU evaluates exp_portable (correctly rounded, checked here
 //    bit for bit against its host evaluation), the CPU std::exp (glibc, which differs from the
 //    correctly rounded value on ~1e-4 of the inputs). With random scores the compressor rows are
-//    therefore compared with the SPEC 9.3 tolerances; with scores that are equal along the pooled
-//    rows every exp argument is exactly 0 (exp = 1 on both), and the rows must be byte-identical,
-//    which pins everything else (row order of the sums, RMSNorm, RoPE, quantiser). The GPU's single
-//    pass and two stages are always byte-identical.
+//    therefore compared with the CONTRACT 9.3 tolerances; with scores that are equal along the
+//    pooled rows every exp argument is exactly 0 (exp = 1 on both), and the rows must be
+//    byte-identical, which pins everything else (row order of the sums, RMSNorm, RoPE, quantiser).
+//    The GPU's single pass and two stages are always byte-identical.
 //  - legacy-mode (non-sanitising) RoPE values that are NaN: x86 propagates NaN payloads, the GPU
 //    produces its canonical NaN; both must be NaN (sanitising mode stores 0, compared exactly).
 #include <cuda_runtime.h>
@@ -157,7 +157,7 @@ int64_t mla_page_stride(int32_t bs, bool padded) {
 }
 
 // Rewrites the stored NaN RoPE bf16 values of the given slots as one canonical NaN (legacy mode:
-// payloads differ between host and device, SPEC 5 only asks for NaN).
+// payloads differ between host and device, CONTRACT 5 only asks for NaN).
 void canonicalise_rope_nans(std::vector<uint8_t>& cache, int64_t base, const CacheView& v,
                             const std::vector<int64_t>& slots) {
   for (const int64_t slot : slots) {
@@ -193,7 +193,7 @@ TEST(PortableExpGpu, DeviceMatchesHostBitForBit) {
   EXPECT_EQ(exp_portable(-kInf), 0.0f);
 }
 
-// ---- window writer (SPEC 3.1)
+// ---- window writer (CONTRACT 3.1)
 // --------------------------------------------------------------------
 struct WindowSetup {
   int32_t bs;
@@ -360,7 +360,7 @@ TEST(WindowWriterGpu, SkipsTokensWithOutOfRangeSlotOrPosition) {
   EXPECT_TRUE(same_bits(cpu, d_cache.download(), "window cache"));
 }
 
-// ---- compressor state writer (SPEC 3.2)
+// ---- compressor state writer (CONTRACT 3.2)
 // ----------------------------------------------------------
 struct StateSetup {
   int32_t ratio;
@@ -426,7 +426,7 @@ TEST(CompressorStateWriterGpu, MatchesCpuBitwiseRatios4And128IndexerAndApe) {
   }
 }
 
-// ---- compressor and indexer compressor (SPEC 3.2, 5)
+// ---- compressor and indexer compressor (CONTRACT 3.2, 5)
 // ---------------------------------------------
 struct CompressorSetup {
   int32_t ratio;     // 4 or 128
@@ -633,7 +633,7 @@ std::vector<uint8_t> run_compressor(const CompressorCase& c, int form) {
   return gpu ? d_cache.download() : cache;
 }
 
-// SPEC 9.3 tolerance of one written KV row (GPU vs CPU): codes within 1, NoPE values within
+// CONTRACT 9.3 tolerance of one written KV row (GPU vs CPU): codes within 1, NoPE values within
 // 16 * 2^e (half an e4m3 step at the top of the range) + one bf16 ulp, RoPE values within 2 bf16
 // ulps of their pair's magnitude. Returns the number of violations.
 int kv_row_violations(const std::vector<uint8_t>& cpu, const std::vector<uint8_t>& gpu,
@@ -728,7 +728,7 @@ void check_compressor(const CompressorSetup& s, uint64_t seed) {
 
   const CacheView view{nullptr, c.out_blocks, s.out_bs, c.out_stride};
   if (s.head == kMla && s.sanitise) {
-    // SPEC 5: codes <= 254, no NaN byte, no NaN RoPE value.
+    // CONTRACT 5: codes <= 254, no NaN byte, no NaN RoPE value.
     for (const int64_t slot : c.written) {
       const uint8_t* data = single.data() + mla_data_offset(slot, s.out_bs, c.out_stride);
       const uint8_t* scale = single.data() + mla_scale_offset(slot, s.out_bs, c.out_stride);
@@ -765,7 +765,7 @@ void check_compressor(const CompressorSetup& s, uint64_t seed) {
       violations += indexer_row_violations(cpu, single, iv, slot);
     }
   }
-  EXPECT_EQ(violations, 0) << "elements outside the SPEC 9.3 tolerance";
+  EXPECT_EQ(violations, 0) << "elements outside the CONTRACT 9.3 tolerance";
   if (s.head == kMla) {
     std::cout << "[ info ] " << describe(s) << ": " << identical << " of " << c.written.size()
               << " rows byte-identical to the CPU (std::exp vs exp_portable)\n";
@@ -853,7 +853,7 @@ TEST(CompressorGpu, SkipsTokensWithOutOfRangeDeviceValues) {
   EXPECT_TRUE(same_bits(cpu, run_compressor(c, 2), "two stages"));
 }
 
-// ---- indexer-key gather (SPEC 6)
+// ---- indexer-key gather (CONTRACT 6)
 // -----------------------------------------------------------------
 struct GatherSetup {
   int32_t bs;
@@ -943,8 +943,8 @@ TEST(GatherGpu, MatchesCpuNormalAndShuffleVaryingBatchCount) {
   }
 }
 
-// A page whose byte offset exceeds 2^31 (SPEC 6: 64-bit addressing). Only the two pages read are
-// uploaded; the expectation is the uploaded bytes themselves.
+// A page whose byte offset exceeds 2^31 (CONTRACT 6: 64-bit addressing). Only the two pages read
+// are uploaded; the expectation is the uploaded bytes themselves.
 TEST(GatherGpu, PageOffsetsBeyond2To31) {
   const uint64_t seed = fresh_seed();
   SPARSEMLA_SEED_TRACE(seed);
@@ -1000,7 +1000,7 @@ TEST(GatherGpu, PageOffsetsBeyond2To31) {
   }
 }
 
-// ---- ragged builders (SPEC 4.6)
+// ---- ragged builders (CONTRACT 4.6)
 // ------------------------------------------------------------------ Output buffers of one builder
 // call: host copies for the CPU, device copies for the GPU, both starting from the same random
 // contents (graph buffers reused across steps).
@@ -1293,8 +1293,8 @@ TEST(RaggedBuildersGpu, BadDeviceRowsGetLengthZero) {
   EXPECT_TRUE(same_bits(indices, d_indices.download(), "indices"));
 }
 
-// Graph buffers (SPEC 4.6): the builder is captured once into a CUDA graph; each replay sees new
-// inputs written in place into the same device arrays and rewrites every row of the persistent
+// Graph buffers (CONTRACT 4.6): the builder is captured once into a CUDA graph; each replay sees
+// new inputs written in place into the same device arrays and rewrites every row of the persistent
 // outputs (indptr poisoned before each replay, rows beyond the live batch get length 0).
 TEST(RaggedBuildersGpu, GraphReplayRewritesPersistentBuffersInPlace) {
   const uint64_t seed = fresh_seed();

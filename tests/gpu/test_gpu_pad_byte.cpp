@@ -1,4 +1,4 @@
-// tests/gpu/test_gpu_pad_byte.cpp: the pad byte on the CUDA paths (SPEC 2.1). Byte 7 of each
+// tests/gpu/test_gpu_pad_byte.cpp: the pad byte on the CUDA paths (CONTRACT 2.1). Byte 7 of each
 // token's scale word is padding that real caches fill with anything (FlashMLA's quantiser leaves
 // it uninitialised); the kernels test the scale word word-wise for their fast dequantisation, and
 // when byte 7 took part about half the rows of such caches took the exact path (issue 22: whole
@@ -231,7 +231,7 @@ TEST_P(PadByteGpu, EveryLayerKindBitsIgnorePadBytes) {
 }
 
 // Unpadded page strides with odd page sizes (8 mod 16): the generic kernels' byte-wise loads of
-// the scale word (load_scale8, SPEC 2.1). The sm90 path needs aligned caches.
+// the scale word (load_scale8, CONTRACT 2.1). The sm90 path needs aligned caches.
 TEST_P(PadByteGpu, UnalignedCachesBitsIgnorePadBytes) {
   if (GetParam() == Path::CudaSm90) GTEST_SKIP() << "the sm90 path takes 16-byte aligned caches";
   check_layers(/*aligned=*/false);

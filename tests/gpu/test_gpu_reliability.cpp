@@ -9,8 +9,8 @@
 //   - NaN provenance end to end: the GPU compressor in sanitising and legacy modes, the GPU decode
 //     of both, the float64 reference with the extra scrub skipped (the specialised path's gate),
 //     and poisoned rows with the gate closed.
-// Data at model magnitudes (SPEC 9.9, decode_fixture.h); decode outputs are held to SPEC 9.9's rule
-// (include/sparsemla/verify.h).
+// Data at model magnitudes (CONTRACT 9.9, decode_fixture.h); decode outputs are held to the rule
+// of CONTRACT 9.9 (include/sparsemla/verify.h).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -355,7 +355,7 @@ TEST(GpuReliability, DeterministicModeCost) {
 }
 
 // ---- scale: caches beyond 4 GiB
-// ------------------------------------------------------------------ Per SPEC 9 item 4 / issue 7:
+// ------------------------------------------------------------------ Per CONTRACT 9.4 / issue 7:
 // both caches are > 4 GiB device buffers (the rest filled with 0x7E bytes, values 224 * 2^-1: any
 // mis-addressed read changes the result); the used pages sit at block ids whose byte offsets exceed
 // 2^31 and 2^32. The host holds only the used pages (a compact cache); the device lists address the
@@ -523,7 +523,7 @@ TEST(GpuReliability, CachesBeyond4GiBUse64BitOffsetsEndToEnd) {
   std::printf(
       "[ large cache ] window cache %.2f GiB, compressed cache %.2f GiB, highest used "
       "byte offset %.3f GiB (> 2^32): GPU writer rows equal the CPU's (%lld), decode "
-      "within the SPEC 9 tolerance for S = planner, 1, 7\n",
+      "within the CONTRACT 9 tolerance for S = planner, 1, 7\n",
       big_main.bytes() / 1073741824.0, big_extra.bytes() / 1073741824.0, max_offset / 1073741824.0,
       static_cast<long long>(N));
   EXPECT_GT(max_offset, int64_t{1} << 32);
@@ -755,7 +755,7 @@ std::vector<uint8_t> compress_on_gpu(Rng& rng, const CompressorInputs& in, bool 
   return download<uint8_t>(cache, in.cache_bytes());
 }
 
-// The SPEC 9.9 rule between a GPU output [T, H, 512] and the float64 reference with its A.
+// The CONTRACT 9.9 rule between a GPU output [T, H, 512] and the float64 reference with its A.
 void expect_spec9(const std::vector<bf16_bits>& out, int64_t T, int32_t H,
                   const std::vector<double>& ref, const std::vector<double>& abs_mean) {
   const VerifyResult v =
@@ -763,7 +763,7 @@ void expect_spec9(const std::vector<bf16_bits>& out, int64_t T, int32_t H,
   EXPECT_TRUE(v.passed) << v.summary();
 }
 
-// SPEC 5 end to end on the GPU: the sanitising GPU compressor's rows decoded without the scrub
+// CONTRACT 5 end to end on the GPU: the sanitising GPU compressor's rows decoded without the scrub
 // equal the legacy GPU compressor's rows decoded with it; the GPU decode (generic path: always
 // scrubs) of both caches gives equal values, and it matches the float64 reference that skips the
 // extra scrub under the gate (the specialised path's decision). NaN-only poison: all finite.
@@ -804,7 +804,7 @@ TEST(GpuReliability, NanProvenanceSanitisedGpuCompressorToDecode) {
       EXPECT_EQ(count_value_differences(reliability::bf16_values(a), reliability::bf16_values(b)),
                 0)
           << "S=" << splits;
-      // +-inf keys (inf poison) are outside the accuracy contract (SPEC 9): values only there.
+      // +-inf keys (inf poison) are outside the accuracy contract (CONTRACT 9): values only there.
       if (poison == Poison::kNanOnly) expect_spec9(a, pb.T, pb.H, skipped, skipped_abs_mean);
       nan_out += reliability::count_nan(reliability::bf16_values(a));
     }

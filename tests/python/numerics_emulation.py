@@ -1,4 +1,4 @@
-"""CPU emulation of the sparse-decode numerics (SPEC 4.2, 4.3, 4.3a), one switch per rounding point.
+"""CPU emulation of the sparse-decode numerics (CONTRACT 4.2, 4.3, 4.3a), one switch per rounding point.
 
 Pure numpy (+ ctypes for the platform's expf / logf in the rare near-tie cases, see `expf`). Used by
 tests/python/test_numerics_emulation.py and, as a script, for the numerics study of docs/NUMERICS.md:
@@ -34,7 +34,7 @@ Rounding points (the `Numerics` fields):
   rope     "fused" (fp32 inverse RoPE before the one bf16 store) or "standalone" (bf16 store, rotate
            the bf16 values, store again), used only when positions are given.
   layout   "segments": S splits cut the main and the extra segment separately, tiles never straddle
-           them (SPEC 4.3, ours); "concat": FlashMLA's pieces, contiguous runs of 64-key blocks over
+           them (CONTRACT 4.3, ours); "concat": FlashMLA's pieces, contiguous runs of 64-key blocks over
            main (padded to whole blocks) || extra.
 """
 
@@ -50,7 +50,7 @@ import numpy as np
 
 F32 = np.float32
 FLT_MAX = F32(np.finfo(np.float32).max)
-NO_MASS = -FLT_MAX  # score of an invalid key, m of a split without mass (SPEC 4.2, 4.3)
+NO_MASS = -FLT_MAX  # score of an invalid key, m of a split without mass (CONTRACT 4.2, 4.3)
 LOG2E = F32(1.4426950408889634)  # kLog2e of decode_common.cuh (FlashMLA's CUDART_L2E_F: same value)
 DIM, NOPE, ROPE_PAIRS, TILES = 512, 448, 32, 7
 ROW_BYTES, DATA_BYTES = 584, 576
@@ -171,7 +171,7 @@ def kit_latents(rng, n):
 
 
 def quantize_kit(lat_bits):
-    """FlashMLA's test quantiser, in words (SPEC 2.3's note): per 64-dim NoPE tile of the bf16 values,
+    """FlashMLA's test quantiser, in words (CONTRACT 2.3's note): per 64-dim NoPE tile of the bf16 values,
     the scale is 2^ceil(log2(max(amax / 448, 1e-4))) (fp32 arithmetic), the bytes are e4m3 (nearest,
     ties to even) of x / scale, the code is the scale's biased exponent; RoPE dims stay bf16.
     Returns (nope bytes [n, 448], codes [n, 7], rope bf16 bits [n, 64])."""
@@ -186,7 +186,7 @@ def quantize_kit(lat_bits):
 
 
 def dequant(nope, codes, rope_bits):
-    """SPEC 2.1 decode of clean rows (no NaN bytes, codes 1..254): fp32 [n, 512]. Exact in bf16 for
+    """CONTRACT 2.1 decode of clean rows (no NaN bytes, codes 1..254): fp32 [n, 512]. Exact in bf16 for
     codes >= 8 (the only ones the kit's quantiser emits), so the kernels' bf16 K is the same."""
     n = nope.shape[0]
     scale = np.ldexp(1.0, codes.astype(np.int64) - 127)
@@ -196,7 +196,7 @@ def dequant(nope, codes, rope_bits):
     return k
 
 
-# ---- paged cache bytes (SPEC 2.1), for calls into the library -----------------------------------------
+# ---- paged cache bytes (CONTRACT 2.1), for calls into the library -------------------------------------
 def write_cache(nope, codes, rope_bits, block_size, pad=0, pad_bytes=None):
     """uint8 [num_blocks, block_size*584 + pad]: slot i = (block i // bs, row i % bs). pad_bytes: the
     8th scale byte of every row (FlashMLA's quantiser leaves it uninitialised; readers ignore it)."""
@@ -355,7 +355,7 @@ def _split_state(cfg, q, keys, blocks, scale):
 
 
 def _finish(cfg, parts, sink_h, cs):
-    """SPEC 4.3 (or FlashMLA's) combine of the splits of one token: parts = [(m, l, acc)], sink_h [H]
+    """CONTRACT 4.3 (or FlashMLA's) combine of the splits of one token: parts = [(m, l, acc)], sink_h [H]
     or None, cs (cos [32], sin [32]) or None. Returns (out fp32 before the store, lse fp32 [H])."""
     H = parts[0][0].shape[0]
     ms = np.stack([p[0] for p in parts])  # [S, H]
@@ -452,7 +452,7 @@ def _finish_flashmla(ms, ls, accs, sink_h, cs):
 def decode_token(cfg, q, keys, main_valid, extra_valid, splits, scale, sink=None, cs=None):
     """One query token. q fp32 [H, 512] (bf16 values); keys fp32 [n_main + n_extra, 512] (the rows the
     two list rows reference, in list order); main_valid / extra_valid: bool per list position;
-    splits: S (layout "segments": each segment cut into S ranges, SPEC 4.3) or, for "concat",
+    splits: S (layout "segments": each segment cut into S ranges, CONTRACT 4.3) or, for "concat",
     the number of pieces over the concatenated main||extra tile list. Returns (out bf16 bits or fp32
     [H, 512], lse fp32 [H])."""
     n_main = len(main_valid)
@@ -539,7 +539,7 @@ def sparse_decode(cfg, q_bits, main_cache, main_block_size, main_indices, main_i
 
 # ---- the study ------------------------------------------------------------------------------------
 def reference_token(q, keys, scale, sink=None, cs=None):
-    """float64 SPEC 4.2 over the dequantised keys (all valid): (out [H, 512], lse [H])."""
+    """float64 CONTRACT 4.2 over the dequantised keys (all valid): (out [H, 512], lse [H])."""
     z = (q.astype(np.float64) @ keys.astype(np.float64).T) * float(scale)
     m = np.max(z, axis=1, keepdims=True)
     e = np.exp(z - m)

@@ -1,5 +1,5 @@
-"""Small independent numpy references for the Python test suite (straight from SPEC.md, never from
-the library): codecs, the quantiser, page layout, writers, decode, lists, gather, planners."""
+"""Small independent numpy references for the Python test suite (straight from docs/CONTRACT.md, never
+from the library): codecs, the quantiser, page layout, writers, decode, lists, gather, planners."""
 
 import math
 
@@ -83,7 +83,7 @@ def ue8m0(code):
     return np.where(code == 255, np.inf, 2.0 ** (code - 127))
 
 
-# ---- quantiser (SPEC 2.3) -------------------------------------------------------------------------------------
+# ---- quantiser (CONTRACT 2.3) ---------------------------------------------------------------------------------
 def quant_exponent(amax):
     """Smallest integer e with 448 * 2^e >= amax (amax >= 1e-4 finite), or inf."""
     if math.isinf(amax):
@@ -124,7 +124,7 @@ def quantize_rows(x, block, code_max):
     return b, c
 
 
-# ---- RoPE (SPEC 1) --------------------------------------------------------------------------------------------
+# ---- RoPE (CONTRACT 1) ----------------------------------------------------------------------------------------
 def rope_table(positions, theta=10000.0, yarn=False, factor=16.0, orig=65536, beta_fast=32.0,
                beta_slow=1.0):
     k = np.arange(32, dtype=np.float64)
@@ -160,7 +160,7 @@ def rope_inverse(x, c, s):
     return out
 
 
-# ---- fp8_ds_mla page layout (SPEC 2.1) -----------------------------------------------------------------------
+# ---- fp8_ds_mla page layout (CONTRACT 2.1) -------------------------------------------------------------------
 def store_row(cache2d, block_size, slot, nope_bytes, codes, rope_bits):
     """Writes one token into a [num_blocks, page_bytes] uint8 view."""
     blk, p = divmod(int(slot), block_size)
@@ -203,7 +203,7 @@ def random_cache(rng, num_blocks, block_size, pad=0, codes=(118, 132)):
     return cache
 
 
-# ---- writers (SPEC 3.1) ------------------------------------------------------------------------------------------
+# ---- writers (CONTRACT 3.1) --------------------------------------------------------------------------------------
 def window_row(kv_bits, pos, table, sanitise):
     """One window-writer token -> (nope bytes, codes, rope bits)."""
     x = bf16_to_f32(kv_bits).copy()
@@ -216,11 +216,11 @@ def window_row(kv_bits, pos, table, sanitise):
     return nope[0], codes[0], rope
 
 
-# ---- decode (SPEC 4.2) -----------------------------------------------------------------------------------------------
+# ---- decode (CONTRACT 4.2) -------------------------------------------------------------------------------------------
 def decode(q_bits, caches, lists, sink=None, scale=512 ** -0.5, scrub_extra=True):
     """float64 reference: q bf16 bits [T, H, 512]; caches = [(cache2d, bs), ...] (main, extra);
     lists = [(indices, indptr), ...]. Returns (out [T, H, 512], lse [T, H], abs_mean [T, H, 512]):
-    abs_mean is the accuracy scale A of SPEC 9.9, A[t, h, j] = sum_i p_i |v_ij| / sum_i p_i over
+    abs_mean is the accuracy scale A of CONTRACT 9.9, A[t, h, j] = sum_i p_i |v_ij| / sum_i p_i over
     the row's valid keys (the keys' softmax, without the sink), 0 for a row without keys."""
     q = bf16_to_f32(q_bits).astype(np.float64)
     t_count, h_count = q.shape[0], q.shape[1]
@@ -267,7 +267,7 @@ def rope_inverse_abs_mean(a, c, s):
 
 
 def decode_verdict(out_bits, ref, abs_mean):
-    """The SPEC 9.9 accuracy contract, written here from the spec (the library's is
+    """The CONTRACT 9.9 accuracy contract, written here from the contract (the library's is
     include/sparsemla/verify.h, which also has the argument for the bound): NaN/+inf/-inf in the same
     places; every finite element within 2^-7 A + 2^-8 |ref| + 1e-6 (a non-finite A bounds nothing);
     the cosine difference over the whole output <= 5e-6 (0 when sum(ref^2) < 1e-12)."""
@@ -300,7 +300,7 @@ def ragged(rows):
     return np.asarray(flat if flat else [0], dtype=np.int32), indptr
 
 
-# ---- planners (SPEC 4.4 / 4.5) -----------------------------------------------------------------------------------
+# ---- planners (CONTRACT 4.4 / 4.5) -------------------------------------------------------------------------------
 def _iters(wm, we, s):
     it = 0
     if wm > 0:

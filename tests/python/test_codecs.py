@@ -1,4 +1,4 @@
-"""bf16 helpers, the quantiser (SPEC 2.3), the row decoders (SPEC 2.1/2.2) and the RoPE helpers."""
+"""bf16 helpers, the quantiser (CONTRACT 2.3), the row decoders (CONTRACT 2.1/2.2) and the RoPE helpers."""
 
 import math
 
@@ -27,7 +27,7 @@ def test_bf16_helpers_match_reference_rounding_on_random_and_special_values(rng)
 
 
 def _edge_tiles(rng):
-    """Tiles (float32, bf16-exact) covering the SPEC 9.1 quantiser edge cases."""
+    """Tiles (float32, bf16-exact) covering the CONTRACT 9.1 quantiser edge cases."""
     tiles = []
     tiles.append(rng.standard_normal(64) * 1e-6)                     # amax below 1e-4
     t = rng.standard_normal(64)

@@ -1,4 +1,4 @@
-"""sparse_decode (SPEC 4) on the CPU backend against the float64 numpy reference in reference.py, plus
+"""sparse_decode (CONTRACT 4) on the CPU backend against the float64 numpy reference in reference.py, plus
 the queries (is_supported, the call's plan), the library's own reference and verifier,
 and argument errors."""
 
@@ -17,7 +17,7 @@ S03 = float(np.float32(0.03))  # scales pass through fp32
 
 
 def model_latents(rng, n):
-    """Latents as the model's (SPEC 9.9): N(0, 1) times a gain exp(0.7 N(0, 1)) per (token, 64-dim
+    """Latents as the model's (CONTRACT 9.9): N(0, 1) times a gain exp(0.7 N(0, 1)) per (token, 64-dim
     tile), bf16 bits [n, 512]."""
     gain = np.exp(0.7 * rng.standard_normal((n, 8, 1)))
     x = (rng.standard_normal((n, 8, 64)) * gain).reshape(n, 512)
@@ -34,7 +34,7 @@ def make_cache(rng, nb, bs, pad=0):
 
 
 def assert_verified(out, want, abs_mean):
-    """The library's SPEC 9.9 check (include/sparsemla/verify.h) of a bf16 output against the float64
+    """The library's CONTRACT 9.9 check (include/sparsemla/verify.h) of a bf16 output against the float64
     reference and its accuracy scale A; reference.decode_verdict is the tests' own form of it."""
     v = sparsemla.verify_decode_output(out, want, abs_mean)
     assert v["passed"], v["summary"]
@@ -431,7 +431,7 @@ def _planted_verdicts(out, want, a):
 @pytest.mark.parametrize("h", [16, 128])
 def test_planted_bug_one_key_dropped_from_a_long_row_fails(rng, h):
     """A correct output checked against the reference of the same row less one key must fail
-    (SPEC 9.9: the cosine rule catches what stays within the element bound)."""
+    (CONTRACT 9.9: the cosine rule catches what stays within the element bound)."""
     p, keys = _long_row(rng, h)
     out = p.run()
     want, _, a = p.reference()

@@ -1,4 +1,4 @@
-"""sparsemla.flashmla: FlashMLA's calling convention for the DSV4 sparse FP8 decode (SPEC 4.3a), on
+"""sparsemla.flashmla: FlashMLA's calling convention for the DSV4 sparse FP8 decode (CONTRACT 4.3a), on
 numpy arrays (the CPU backend), against the float64 reference and against sparse_decode."""
 
 import numpy as np

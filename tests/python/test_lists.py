@@ -1,4 +1,4 @@
-"""Ragged list builders and graph buffers (SPEC 4.6)."""
+"""Ragged list builders and graph buffers (CONTRACT 4.6)."""
 
 import numpy as np
 import pytest

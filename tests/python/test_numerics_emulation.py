@@ -2,7 +2,7 @@
 out and lse bit for bit on kit-like data (latents N(0,1) x exp(0.7 N(0,1)) per 64-dim tile,
 FlashMLA-style quantisation, uninitialised pad bytes), window-only and window + ratio-4 lists, with
 and without sink, S = 1 and split, with and without the fused inverse RoPE; and the GPU-kernel model
-inside SPEC 9.9's tolerance."""
+inside CONTRACT 9.9's tolerance."""
 
 import numpy as np
 import pytest
@@ -40,7 +40,7 @@ class Problem:
         if extra:
             self.extra_list = ragged(rng, t, 600, (512, 97, 0, 300, 64))
         q = rng.standard_normal((t, h, 512)).astype(np.float32)
-        if peaked:  # a few keys hold most of the probability (SPEC 9.9)
+        if peaked:  # a few keys hold most of the probability (CONTRACT 9.9)
             keys, _ = ne._cache_rows(self.main, 64, self.main_list[0])
             for i in range(t):
                 q[i] += 0.4 * keys[int(rng.integers(0, len(keys)))]
@@ -103,7 +103,7 @@ def test_emulation_matches_cpu_fast_path_at_64_heads(rng):
 
 @pytest.mark.parametrize("cfg", ["GPU", "GPU_LAZY8", "FLASHMLA"])
 def test_modelled_gpu_numerics_within_spec_tolerance(rng, cfg):
-    """The GPU-kernel model (lazy rescale included) and FlashMLA's pass the SPEC 9.9 rule against the
+    """The GPU-kernel model (lazy rescale included) and FlashMLA's pass the CONTRACT 9.9 rule against the
     library's float64 reference on model-magnitude data."""
     p = Problem(rng, 4, 16, True, True, True, True)
     out, _ = p.emulate(getattr(ne, cfg), 3)

@@ -1,5 +1,5 @@
-"""Writers (SPEC 3): window writer, compressor state writer, compressor (ratio 4 / 128, single-pass /
-two-stage, sanitising), indexer compressor; and the indexer-key gather (SPEC 6)."""
+"""Writers (CONTRACT 3): window writer, compressor state writer, compressor (ratio 4 / 128, single-pass /
+two-stage, sanitising), indexer compressor; and the indexer-key gather (CONTRACT 6)."""
 
 import math
 
@@ -19,7 +19,7 @@ def _latents(rng, n):
 
 def _rope_close(got_bits, want_f32):
     """RoPE values: equal after rounding, or within one bf16 ulp (FMA contraction may move the fp32
-    result by 1 ulp before the rounding, SPEC 1)."""
+    result by 1 ulp before the rounding, CONTRACT 1)."""
     got = ref.bf16_to_f32(got_bits).astype(np.float64)
     want = ref.bf16_to_f32(ref.bf16_round_bits_fast(want_f32)).astype(np.float64)
     ulp = 2.0 ** (np.floor(np.log2(np.maximum(np.abs(want), 1e-38))) - 7)
@@ -181,7 +181,7 @@ def _ulp_bf16(m):
 
 
 def _check_mla_entry(cache, cbs, slot, normed, rope_pos):
-    """SPEC 9.3 comparison of one stored entry with the float64 reference."""
+    """CONTRACT 9.3 comparison of one stored entry with the float64 reference."""
     b, p = divmod(int(slot), cbs)
     page = cache[b]
     codes = page[cbs * 576 + p * 8:cbs * 576 + p * 8 + 7].astype(np.int64)
@@ -292,7 +292,7 @@ def test_indexer_compressor_matches_reference_and_two_stage(rng):
         assert np.all(np.abs(got[k] - xr) <= tol)
 
 
-# ---- gather (SPEC 6) --------------------------------------------------------------------------------------------
+# ---- gather (CONTRACT 6) ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("layout", ["normal", "shuffle"])
 def test_gather_indexer_keys_multi_sequence_padding_and_invalid_pages(rng, layout):
     bs, nb = 16, 7

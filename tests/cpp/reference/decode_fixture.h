@@ -1,11 +1,11 @@
-// tests/cpp/reference/decode_fixture.h: random decode problems at model magnitudes (SPEC 9.9), an
-// independent naive decoder and the SPEC 9 comparison rules, shared by the CPU decode suites
+// tests/cpp/reference/decode_fixture.h: random decode problems at model magnitudes (CONTRACT 9.9),
+// an independent naive decoder and the CONTRACT 9 comparison rules, shared by the CPU decode suites
 // (test_decode.cpp, test_decode_split.cpp, test_reliability.cpp) and the GPU ones.
 //
-// The naive decoder reads the page bytes itself (SPEC 2.1 offsets written out here, e4m3 values
+// The naive decoder reads the page bytes itself (CONTRACT 2.1 offsets written out here, e4m3 values
 // from the independent table of reference/e4m3_table.h, scales by std::ldexp) and computes the
-// softmax of SPEC 4.2 and the accuracy scale A of the tolerance in long double; it shares no code
-// with the library's decode.
+// softmax of CONTRACT 4.2 and the accuracy scale A of the tolerance in long double; it shares no
+// code with the library's decode.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -45,10 +45,10 @@ inline float inf_f32() {
 }
 
 // ---- caches ----------------------------------------------------------------------------------
-// What a cache row holds (SPEC 9.9: test data must look like the model's).
+// What a cache row holds (CONTRACT 9.9: test data must look like the model's).
 enum class CacheData {
   // Latents N(0,1) x a gain exp(0.7 N(0,1)) per (token, 64-dim tile), rounded to bf16 and
-  // quantised by the independent quantiser of reference/writer_reference.h (SPEC 2.3, codes
+  // quantised by the independent quantiser of reference/writer_reference.h (CONTRACT 2.3, codes
   // clamped to 254 as a sanitising writer does: a tile's amax ~2.5 x gain gives code 120 at gain
   // 1, 118..122 within two sigma of the gain); RoPE dims bf16 of N(0,1) x the row's own gain; pad
   // byte random. Every comparison by tolerance runs on such caches.
@@ -102,7 +102,7 @@ class TestCache {
   int64_t num_slots() const { return spec_.num_blocks * spec_.block_size; }
   int32_t block_size() const { return spec_.block_size; }
 
-  // SPEC 2.1: data row at page + p*576, scale bytes at page + bs*576 + p*8.
+  // CONTRACT 2.1: data row at page + p*576, scale bytes at page + bs*576 + p*8.
   uint8_t* data_row(int64_t slot) {
     return bytes_.data() + (slot / spec_.block_size) * stride_ + (slot % spec_.block_size) * 576;
   }
@@ -204,7 +204,7 @@ struct TestList {
   }
 };
 
-// The invalid slot values of SPEC 9 item 4 for a cache of n slots.
+// The invalid slot values of CONTRACT 9.4 for a cache of n slots.
 inline std::vector<int32_t> invalid_slot_values(int64_t n) {
   return {kInt32Min, -1, static_cast<int32_t>(n), static_cast<int32_t>(n + 1024), kInt32Max};
 }
@@ -235,7 +235,7 @@ struct CaseSpec {
   bool sink = true;
   bool positions = false;
   bool lse = true;
-  // Queries N(0,1) (SPEC 9.9) give scores of spread ~1.6 over the keys; peaked multiplies each
+  // Queries N(0,1) (CONTRACT 9.9) give scores of spread ~1.6 over the keys; peaked multiplies each
   // head's query by a factor in [8, 16] (spread ~13..26), so that a few keys hold most of the
   // probability.
   bool peaked = false;
@@ -423,7 +423,7 @@ void parallel_for(int64_t n, int64_t work_per_item, Fn fn) {
   for (auto& th : pool) th.join();
 }
 
-// scrub_extra: NaN -> 0 in the extra cache (SPEC 5; the window cache is always scrubbed).
+// scrub_extra: NaN -> 0 in the extra cache (CONTRACT 5; the window cache is always scrubbed).
 inline NaiveRun naive_decode(const DecodeCase& c, bool scrub_extra = true,
                              float scale = kDefaultSoftmaxScale) {
   NaiveRun r;
@@ -553,7 +553,7 @@ RefRun run_reference(const DecodeCase& c, Edit edit) {
   edit(p);
   sparse_decode_reference(p, r.out.data(), r.lse.data(), r.abs_mean.data());
   if (same_oracle_inputs(p, p0)) {
-    // The scrub decisions of the path (SPEC 5's gate) and the softmax scale from the params.
+    // The scrub decisions of the path (CONTRACT 5's gate) and the softmax scale from the params.
     const bool gate = p.path == Path::CudaSm90 && p.extra_cache_sanitised && !p.kv_connector;
     const NaiveRun nv = naive_decode(c, /*scrub_extra=*/!gate, p.scale);
     r.oracle_abs_mean.assign(nv.abs_mean.begin(), nv.abs_mean.end());
@@ -596,10 +596,10 @@ inline void expect_reference_matches_naive(const DecodeCase& c, const RefRun& re
   }
 }
 
-// The accuracy contract of SPEC 9.9, as include/sparsemla/verify.h states and argues it: NaN and
-// +-inf positions exact; every finite element within verify_element_bound(ref, A), A the
+// The accuracy contract of CONTRACT 9.9, as include/sparsemla/verify.h states and argues it: NaN
+// and +-inf positions exact; every finite element within verify_element_bound(ref, A), A the
 // probability-weighted mean magnitude of the value column (here from the naive oracle, not from the
-// library); the cosine difference over the whole output <= 5e-6; lse as SPEC 9 item 4. `kernels`
+// library); the cosine difference over the whole output <= 5e-6; lse as CONTRACT 9.4. `kernels`
 // = 2 when `ref` is itself a kernel output (each side carries its own rounding: the bound
 // doubles).
 struct Verdict {

@@ -1,7 +1,7 @@
-// tests/cpp/reference/dense_lists.h: FlashMLA-style dense index lists (SPEC 4.6 "Dense lists") for
-// the CPU and GPU tests, and the ragged list the library's builder makes from each one. The decode
-// must give the same bits for both forms (the builder itself is checked against an independent
-// reference in test_lists.cpp).
+// tests/cpp/reference/dense_lists.h: FlashMLA-style dense index lists (CONTRACT 4.6 "Dense lists")
+// for the CPU and GPU tests, and the ragged list the library's builder makes from each one. The
+// decode must give the same bits for both forms (the builder itself is checked against an
+// independent reference in test_lists.cpp).
 #pragma once
 
 #include <algorithm>

@@ -1,17 +1,17 @@
 // tests/cpp/reference/pad_byte_problem.h: decode problems at model magnitudes whose pad bytes
-// (byte 7 of each token's 8-byte scale word, SPEC 2.1) can be rewritten in place, shared by the
+// (byte 7 of each token's 8-byte scale word, CONTRACT 2.1) can be rewritten in place, shared by the
 // pad-byte tests of the CPU (tests/cpp/test_pad_byte.cpp) and of both CUDA paths
-// (tests/gpu/test_gpu_pad_byte.cpp). SPEC 2.1: no reader may let the pad byte change a result or
-// pick a path, so every output must keep its bits when only pad bytes change.
+// (tests/gpu/test_gpu_pad_byte.cpp). CONTRACT 2.1: no reader may let the pad byte change a result
+// or pick a path, so every output must keep its bits when only pad bytes change.
 //
-// Data (the model regime of SPEC 9.9): NoPE latents N(0,1) x a per-(token, 64-dim tile) gain
+// Data (the model regime of CONTRACT 9.9): NoPE latents N(0,1) x a per-(token, 64-dim tile) gain
 // exp(0.7 N(0,1)), rounded to bf16 and quantised by the library's quantiser (quantize_block,
-// quant_code: SPEC 2.3), codes clamped to 254 (sanitising writer) or 255 (legacy); RoPE dims the
-// same latents (one more tile gain) stored as bf16; queries N(0,1). Such tiles get codes ~105..125,
-// all on the GPU kernels' fast path (codes <= 134). Two options add what real caches also hold:
-// NaN bytes (0x7F / 0xFF, only in caches that are scrubbed: SPEC 5) and tiles quantised at a
-// larger exponent (codes 135..140, the kernels' exact path; bytes x * 2^-e rounded by the same
-// quantiser, so values stay near x and no softmax is swamped).
+// quant_code: CONTRACT 2.3), codes clamped to 254 (sanitising writer) or 255 (legacy); RoPE dims
+// the same latents (one more tile gain) stored as bf16; queries N(0,1). Such tiles get codes
+// ~105..125, all on the GPU kernels' fast path (codes <= 134). Two options add what real caches
+// also hold: NaN bytes (0x7F / 0xFF, only in caches that are scrubbed: CONTRACT 5) and tiles
+// quantised at a larger exponent (codes 135..140, the kernels' exact path; bytes x * 2^-e rounded
+// by the same quantiser, so values stay near x and no softmax is swamped).
 #pragma once
 
 #include <algorithm>
@@ -29,9 +29,9 @@
 
 namespace sparsemla::test::pad_byte {
 
-// The layer kinds of DSV4 decode (SPEC 1): window only, and window + a ratio-4 (indexer top-k) or
-// ratio-128 (every compressed row) extra cache, whose scrub the provenance gate (SPEC 5) skips
-// when it was written in sanitising mode and asserted so.
+// The layer kinds of DSV4 decode (CONTRACT 1): window only, and window + a ratio-4 (indexer top-k)
+// or ratio-128 (every compressed row) extra cache, whose scrub the provenance gate (CONTRACT 5)
+// skips when it was written in sanitising mode and asserted so.
 enum class Kind { kWindow, kRatio4, kRatio128 };
 struct Layer {
   const char* name;
@@ -109,7 +109,7 @@ class Cache {
         if (rng.uniform(0, 1) < shape_.p_nan_byte) bytes[i] = rng.randint(0, 1) != 0 ? 0x7F : 0xFF;
       }
     }
-    codes[Fp8DsMla::kPadByte] = 0;  // as this library's writers (SPEC 2.3)
+    codes[Fp8DsMla::kPadByte] = 0;  // as this library's writers (CONTRACT 2.3)
     latents(rng, x);
     for (int k = 0; k < Fp8DsMla::kRopeDims; ++k) {
       const bf16_bits b = float_to_bf16(x[k]);  // x is bf16-exact
@@ -161,7 +161,7 @@ struct ProblemShape {
   int32_t H = 32;
   int64_t window = 128;  // window keys per row (DSV4)
   int64_t topk = 512;    // ratio-4 keys per row
-  bool aligned = true;   // false: unpadded page strides, odd page sizes (SPEC 2.1 byte loads)
+  bool aligned = true;   // false: unpadded page strides, odd page sizes (CONTRACT 2.1 byte loads)
   double p_big_tile = 0.0;
 };
 
@@ -192,7 +192,7 @@ struct Problem {
     CacheShape x;
     x.aligned = s.aligned;
     x.code_max = sanitised ? kCodeMaxSanitising : kCodeMaxLegacy;
-    x.p_nan_byte = sanitised ? 0.0 : 2e-4;  // a sanitising writer never emits one (SPEC 2.3)
+    x.p_nan_byte = sanitised ? 0.0 : 2e-4;  // a sanitising writer never emits one (CONTRACT 2.3)
     x.p_big_tile = s.p_big_tile;
     if (layer.kind == Kind::kRatio4) {
       x.block_size = s.aligned ? 64 : 63;

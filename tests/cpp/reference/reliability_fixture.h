@@ -3,7 +3,7 @@
 //   - a pool of decode rows from which batches of any size and order are assembled (determinism
 //     and batch invariance);
 //   - the inputs of a ratio-4 compressor run (one request, E entries) with optional poison, and
-//     the cache rows it writes (NaN provenance, SPEC 5);
+//     the cache rows it writes (NaN provenance, CONTRACT 5);
 //   - helpers to turn a poisoned cache into its explicitly scrubbed twin and to compare results
 //     value by value (IEEE ==, NaN positions equal).
 #pragma once
@@ -47,7 +47,7 @@ struct RowPool {
     extra.emplace(rng, extra_spec);
     sink = random_f32(rng, H, 1.0, 0.5);
     for (int64_t r = 0; r < rows; ++r) {
-      q.push_back(random_bf16(rng, static_cast<size_t>(H) * 512));  // N(0,1) (SPEC 9.9)
+      q.push_back(random_bf16(rng, static_cast<size_t>(H) * 512));  // N(0,1) (CONTRACT 9.9)
       const int64_t lm = r % 7 == 3 ? 0 : rng.randint(1, main_width);
       const int64_t le = r % 5 == 1 ? 0 : rng.randint(1, extra_width);
       main_rows.push_back(decode::random_row(rng, lm, main->num_slots(), 0.03));
@@ -107,7 +107,7 @@ inline std::vector<int64_t> batch_with(Rng& rng, int64_t pool_size, int64_t prob
   return others;
 }
 
-// ---- compressor inputs (SPEC 3.2, ratio 4, head 512, one request) -------------------------------
+// ---- compressor inputs (CONTRACT 3.2, ratio 4, head 512, one request) ---------------------------
 enum class Poison { kNone, kNanOnly, kNanAndInf };
 
 // Positions 0 .. 4E-1 of one request; state pages of 4 rows mapped 1:1 (state slot = position);
@@ -232,9 +232,10 @@ struct CompressorInputs {
 };
 
 // ---- scrubbable poison and its explicitly scrubbed twin -----------------------------------------
-// Poisons rows 0..5 and about a third of the others of an fp8_ds_mla cache the ways SPEC 5's scrub
-// removes (NaN bytes, code 255 over a tile of signed zero bytes, NaN RoPE values) and writes into
-// `twin` the same rows as the scrub sees them (bytes 0x00, code 127 over those zeros, RoPE +0).
+// Poisons rows 0..5 and about a third of the others of an fp8_ds_mla cache the ways CONTRACT 5's
+// scrub removes (NaN bytes, code 255 over a tile of signed zero bytes, NaN RoPE values) and writes
+// into `twin` the same rows as the scrub sees them (bytes 0x00, code 127 over those zeros,
+// RoPE +0).
 inline void poison_scrubbably(Rng& rng, std::vector<uint8_t>& cache, std::vector<uint8_t>& twin,
                               int64_t num_blocks, int32_t bs, int64_t stride,
                               int64_t* poisoned_rows) {

@@ -1,5 +1,6 @@
-// Float64 reference of the cache writers (SPEC 2.3, 3) and the comparison rules of SPEC 9.3.
-// Nothing here calls the library's codecs or writers: every value is computed from its definition.
+// Float64 reference of the cache writers (CONTRACT 2.3, 3) and the comparison rules of
+// CONTRACT 9.3. Nothing here calls the library's codecs or writers: every value is computed from
+// its definition.
 #include "reference/writer_reference.h"
 
 #include <algorithm>
@@ -28,7 +29,7 @@ std::string hex(unsigned v) {
   return s.str();
 }
 
-// Rotates the 32 interleaved pairs of x[0..64) by the table row, in float64 (SPEC 1).
+// Rotates the 32 interleaved pairs of x[0..64) by the table row, in float64 (CONTRACT 1).
 std::array<double, 64> rotate(const double* x, const float* cos_sin) {
   std::array<double, 64> out{};
   for (int k = 0; k < kPairs; ++k) {
@@ -530,7 +531,7 @@ IndexerCacheBuffer random_indexer_cache(Rng& rng, int64_t num_blocks, int32_t bl
     const int64_t page = (slot / after.block_size) * after.block_stride;
     const int64_t p = slot % after.block_size;
     for (int d = 0; d < 128; ++d) {
-      // NORMAL: p*128 + d; SHUFFLE: 16x16 tiles (SPEC 2.2), written out here by hand.
+      // NORMAL: p*128 + d; SHUFFLE: 16x16 tiles (CONTRACT 2.2), written out here by hand.
       const int64_t off = after.layout == IndexerLayout::Normal
                               ? p * 128 + d
                               : (p / 16) * 2048 + (p % 16) * 16 + (d / 16) * 256 + d % 16;

@@ -1,6 +1,7 @@
 // tests/cpp/reference/writer_reference.h: an independent, straightforward float64 implementation of
-// the cache writers of SPEC 3 (window writer, compressor r=4 / r=128, indexer compressor), written
-// from the spec without the library's writer code or codecs, and the comparison rules of SPEC 9.3.
+// the cache writers of CONTRACT 3 (window writer, compressor r=4 / r=128, indexer compressor),
+// written from the contract without the library's writer code or codecs, and the comparison rules
+// of CONTRACT 9.3.
 //
 // It reads the same public params structs as the library (ARCHITECTURE: "fill the struct twice").
 #pragma once
@@ -29,7 +30,7 @@ uint8_t e4m3_encode(double y);     // nearest of the 253 finite values, ties to 
                                    // |y| > 448 saturates, sign kept (also for results of 0)
 double ue8m0_value(uint8_t code);  // 2^(code-127); +inf for 255
 
-// The quantiser of SPEC 2.3 on bf16-exact values.
+// The quantiser of CONTRACT 2.3 on bf16-exact values.
 struct QuantBlock {
   double amax = 0;            // max(|x| ignoring NaN, 1e-4f)
   bool exponent_inf = false;  // amax = +inf
@@ -66,8 +67,8 @@ IndexerRow indexer_row_from_normed(const double* normed128, const float* cos_sin
 
 // ---- compressor math
 // ----------------------------------------------------------------------------- Per-channel softmax
-// pooling of the entry completed by `pos` of request `req` (SPEC 3.2 step 1-2), reading the state
-// cache through the state block table; positions < 0 contribute nothing.
+// pooling of the entry completed by `pos` of request `req` (CONTRACT 3.2 step 1-2), reading the
+// state cache through the state block table; positions < 0 contribute nothing.
 std::vector<double> pool(const StateCacheView& state, const int32_t* table, int64_t table_stride,
                          int32_t req, int64_t pos, int ratio, int head_dim);
 // RMSNorm: c / sqrt(sum(c^2)/n + eps) * w.
@@ -88,7 +89,7 @@ std::vector<MlaEntry> write_window(const WindowWriterParams& p);
 std::vector<MlaEntry> compress(const CompressorParams& p);
 std::vector<IndexerEntry> compress_indexer(const IndexerCompressorParams& p);
 
-// ---- comparisons (SPEC 9.3)
+// ---- comparisons (CONTRACT 9.3)
 // ---------------------------------------------------------------------- Window writer: NoPE bytes
 // and codes exactly equal, pad byte 0, RoPE within 2 bf16 ulps of the pair's magnitude.
 ::testing::AssertionResult window_row_matches(const MlaRow& ref, const uint8_t* data,
@@ -142,7 +143,7 @@ struct MlaCacheBuffer {
   MutableCacheView view() { return {bytes.data(), num_blocks, block_size, block_stride}; }
   CacheView cview() const { return {bytes.data(), num_blocks, block_size, block_stride}; }
   int64_t capacity() const { return num_blocks * block_size; }
-  const uint8_t* data(int64_t slot) const;   // 576 data bytes of the slot (SPEC 2.1, by hand)
+  const uint8_t* data(int64_t slot) const;   // 576 data bytes of the slot (CONTRACT 2.1, by hand)
   const uint8_t* scale(int64_t slot) const;  // 8 scale bytes
 };
 MlaCacheBuffer random_mla_cache(Rng& rng, int64_t num_blocks, int32_t block_size,
@@ -171,8 +172,8 @@ IndexerCacheBuffer random_indexer_cache(Rng& rng, int64_t num_blocks, int32_t bl
                                              const IndexerCacheBuffer& after,
                                              const std::vector<int64_t>& slots);
 
-// Sanitising contract (SPEC 5), for every slot: the sanitised row has codes <= 254 and no NaN byte
-// (nor has the legacy row), and decodes without scrub to values IEEE-equal to the legacy row
+// Sanitising contract (CONTRACT 5), for every slot: the sanitised row has codes <= 254 and no NaN
+// byte (nor has the legacy row), and decodes without scrub to values IEEE-equal to the legacy row
 // decoded with scrub, none NaN. Returns how many legacy values were NaN before the scrub, so that a
 // caller can require that the poison produced the hazard at all.
 int check_sanitised_equivalence(const MlaCacheBuffer& legacy, const MlaCacheBuffer& sanitised,
