@@ -1,11 +1,11 @@
-// CPU sparse decode throughput at the SPEC 10 shapes that fit a small machine.
+// CPU sparse decode throughput at the CONTRACT 10 shapes that fit a small machine.
 //
 // Counters (per second of wall time, OpenMP threads included):
-//   GFLOP/s = 2 * H * N * (512 + 512) per query token, N = attended keys (SPEC 10);
+//   GFLOP/s = 2 * H * N * (512 + 512) per query token, N = attended keys (CONTRACT 10);
 //   GB/s    = 584 bytes per attended key + 4 bytes per index + q and out in bf16.
-// Caches hold model-like rows (random_cache below: SPEC 9.9 magnitudes, random pad bytes); every
-// request has its own window pages and its own compressed entries, so the batch really streams
-// batch * N rows.
+// Caches hold model-like rows (random_cache below: CONTRACT 9.9 magnitudes, random pad bytes);
+// every request has its own window pages and its own compressed entries, so the batch really
+// streams batch * N rows.
 // Built with the library's default flags (no -march=native), as CI and users get it.
 #include <benchmark/benchmark.h>
 
@@ -37,10 +37,10 @@ struct Shape {
   int64_t tokens_per_request;  // 2: MTP
 };
 
-// A paged fp8_ds_mla cache of `slots` rows like a real cache's (SPEC 9.9, 10): latents N(0,1) x a
-// per-(token, 64-dim tile) gain exp(0.7 N(0,1)), rounded to bf16 and quantised by the library's
+// A paged fp8_ds_mla cache of `slots` rows like a real cache's (CONTRACT 9.9, 10): latents N(0,1) x
+// a per-(token, 64-dim tile) gain exp(0.7 N(0,1)), rounded to bf16 and quantised by the library's
 // quantiser (codes ~115..125), the RoPE tile likewise as bf16, pad bytes random (readers ignore
-// them, SPEC 2.1).
+// them, CONTRACT 2.1).
 std::vector<uint8_t> random_cache(std::mt19937_64& rng, int64_t slots) {
   const int64_t blocks = (slots + kPage - 1) / kPage;
   std::vector<uint8_t> bytes(static_cast<size_t>(blocks * kPage * kTokenBytes));
@@ -153,7 +153,7 @@ void bm_decode(benchmark::State& state, Shape shape) {
 }
 
 void register_all() {
-  // SPEC 10 standard shapes; C128 sized for a small CPU (extra 512..2048, lengths varying 4x).
+  // CONTRACT 10 standard shapes; C128 sized for a small CPU (extra 512..2048, lengths varying 4x).
   const Shape shapes[] = {
       {"C4Flash_H64_128+512", 64, 128, 512, 512, 1},
       {"C4Pro_H128_128+1024", 128, 128, 1024, 1024, 1},

@@ -23,7 +23,7 @@ constexpr int64_t kRealWindowPages = 384;
 constexpr int64_t kRealC4Pages = 16384;
 constexpr int64_t kRealC128Pages = 32768;
 constexpr int64_t kC4RowsPerRequest = 8192;  // a request's rows in the C4 cache: 128 pages of 64
-constexpr float kTileGainSigma = 0.7f;       // per-(token, tile) gain exp(0.7 N(0,1)), SPEC 9.9
+constexpr float kTileGainSigma = 0.7f;       // per-(token, tile) gain exp(0.7 N(0,1)), CONTRACT 9.9
 // Rows no list reaches are copies of this many model rows: they are never read, and quantising
 // all 1M rows of the C4 cache (5 us each) would cost ~5 s per cell; copying costs ~0.2 s.
 constexpr int64_t kPoolRows = 1024;
@@ -45,7 +45,7 @@ void normal_pair(FastRng& rng, float& a, float& b) {
   b = r * std::sin(angle);
 }
 
-// One model-like token (SPEC 9.9): per 64-dim tile (7 NoPE tiles, then the RoPE tile) a gain
+// One model-like token (CONTRACT 9.9): per 64-dim tile (7 NoPE tiles, then the RoPE tile) a gain
 // exp(0.7 N(0,1)) times N(0,1) values, rounded to bf16 as a model's latents are; NoPE tiles through
 // the library's quantiser (sanitising code limit 254), the RoPE tile stored as bf16. The pad byte
 // is the caller's.

@@ -1,16 +1,16 @@
-// bench/bench_problem.h: the standard benchmark shapes of SPEC 10 and their problems.
+// bench/bench_problem.h: the standard benchmark shapes of CONTRACT 10 and their problems.
 //
-// Two kinds of data (`sparsemla bench --data`), both with model-magnitude rows (SPEC 9.9: latents
-// N(0,1) times a gain exp(0.7 N(0,1)) per (token, 64-dim tile), the 7 NoPE tiles quantised by the
-// library's quantiser, the RoPE tile stored bf16) and the same window lists (128 consecutive
+// Two kinds of data (`sparsemla bench --data`), both with model-magnitude rows (CONTRACT 9.9:
+// latents N(0,1) times a gain exp(0.7 N(0,1)) per (token, 64-dim tile), the 7 NoPE tiles quantised
+// by the library's quantiser, the RoPE tile stored bf16) and the same window lists (128 consecutive
 // positions per query row on 64-row pages):
 // - real (default), as the incumbent's kit (shared/anchors/flashmla) and real caches hold them
-//   (SPEC 10): pad bytes random; the window on 3 random pages of a 384-page cache; ratio-4 extra =
-//   top-k distinct random rows, in random order, of the request's own 8192 rows, which sit on 128
-//   random pages of one 16,384-page cache of 64 rows; ratio-128 extra = every row of the request
-//   on 2-row pages placed at random in a 32,768-page cache (caches grow when a batch needs more).
-//   Only rows a list reaches are quantised; the other rows are copies of a small pool of model
-//   rows (never read; quantising 1M rows would take ~10 s per cell).
+//   (CONTRACT 10): pad bytes random; the window on 3 random pages of a 384-page cache; ratio-4
+//   extra = top-k distinct random rows, in random order, of the request's own 8192 rows, which sit
+//   on 128 random pages of one 16,384-page cache of 64 rows; ratio-128 extra = every row of the
+//   request on 2-row pages placed at random in a 32,768-page cache (caches grow when a batch needs
+//   more). Only rows a list reaches are quantised; the other rows are copies of a small pool of
+//   model rows (never read; quantising 1M rows would take ~10 s per cell).
 // - writer: the previous synthetic data, shaped as this library's writers leave a cache: pad
 //   bytes 0 and compact caches holding only the pages the lists reach (ratio 4: 4x top-k rows per
 //   request on 64-row pages; ratio 128: the request's rows on 2-row pages; window: 4 pages per

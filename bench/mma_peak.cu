@@ -1,8 +1,8 @@
 // bench/mma_peak.cu: `sparsemla bench --mma-peak`: the ceiling of the portable decode path's
 // tensor work on this GPU. The generic partial kernel (src/cuda/generic/) runs every Q.K and P.V
 // as mma.sync m16n8k16 (bf16 in, fp32 accumulate); on Hopper that instruction does not reach the
-// wgmma peak, so the roofline floor of SPEC 10 (wgmma peak, HBM bandwidth) is not what bounds it.
-// Both kernels use the decode's own wrappers (src/cuda/common/warp_mma.cuh); one CTA per SM, W
+// wgmma peak, so the roofline floor of CONTRACT 10 (wgmma peak, HBM bandwidth) is not what bounds
+// it. Both kernels use the decode's own wrappers (src/cuda/common/warp_mma.cuh); one CTA per SM, W
 // warps per CTA, each warp `iters` rounds:
 //   regs:     8 independent m16n8k16 chains on operands already in registers (the pipe alone);
 //   ldmatrix: the Q.K block of the generic kernel: per 16-wide k-step 4 ldmatrix.x4 of A (64

@@ -134,7 +134,7 @@ def bf16_bits_to_float(b):
 
 # ---- quantiser and row decoders (CPU) -------------------------------------------------------------
 def quantize(x, *, block=64, sanitise=True):
-    """The quantiser of SPEC 2.3 on bf16 tiles (CPU arrays).
+    """The quantiser of CONTRACT 2.3 on bf16 tiles (CPU arrays).
 
     x: bf16 ``[..., D]`` (D a multiple of ``block``), the values to store. Per ``block``-wide tile:
     ``amax = max(|x|, 1e-4)`` (NaN ignored), ``e = ceil(log2(amax/448))`` exactly, bytes =
@@ -155,7 +155,7 @@ def quantize(x, *, block=64, sanitise=True):
 
 
 def quantize_indexer(x):
-    """The indexer quantiser (SPEC 2.3): one 128-wide block per row, CPU arrays.
+    """The indexer quantiser (CONTRACT 2.3): one 128-wide block per row, CPU arrays.
 
     x: bf16 ``[N, 128]``. Returns ``(bytes, scale)``: uint8 ``[N, 128]`` e4m3 bytes and fp32 ``[N]``
     scales ``2^e`` (+inf for a row holding +-inf).
@@ -170,7 +170,7 @@ def dequantize_rows(cache, slots, *, block_size=None, scrub=True, out=None):
     """Decodes fp8_ds_mla cache rows to fp32 (CPU arrays).
 
     cache: uint8 paged cache (see module doc); slots: int64 ``[N]`` valid slot ids
-    (block * block_size + row; an invalid slot raises). scrub: NaN -> +0 (SPEC 5), as the decoder
+    (block * block_size + row; an invalid slot raises). scrub: NaN -> +0 (CONTRACT 5), as the decoder
     does for the window cache. Returns fp32 ``[N, 512]``: NoPE = e4m3 * 2^(code-127), RoPE = the
     stored bf16 values.
     """
@@ -185,7 +185,7 @@ def dequantize_indexer_rows(cache, slots, *, block_size=None, layout="normal", o
     """Decodes indexer-key cache rows (CPU arrays): fp32 ``[N, 128]`` = e4m3 value * fp32 scale.
 
     cache: uint8 paged indexer cache (132 bytes per token); slots: int64 ``[N]``;
-    layout: ``"normal"`` or ``"shuffle"`` (SPEC 2.2).
+    layout: ``"normal"`` or ``"shuffle"`` (CONTRACT 2.2).
     """
     if out is None:
         out = _empty(slots, (slots.shape[0], 128), "float32")
@@ -197,7 +197,7 @@ def dequantize_indexer_rows(cache, slots, *, block_size=None, layout="normal", o
 # ---- RoPE -------------------------------------------------------------------------------------------
 def build_rope_table(positions, layer="compressed", *, theta=10000.0, yarn=False, yarn_factor=16.0,
                      yarn_original_len=65536, yarn_beta_fast=32.0, yarn_beta_slow=1.0):
-    """The per-layer RoPE cos/sin table of SPEC 1: numpy fp32 ``[positions, 64]``, row p =
+    """The per-layer RoPE cos/sin table of CONTRACT 1: numpy fp32 ``[positions, 64]``, row p =
     ``[cos(p*f_k), k < 32 | sin(p*f_k), k < 32]``.
 
     layer: ``"window"`` (theta 10000, no YaRN: window-only layers), ``"compressed"`` (theta 160000
@@ -217,7 +217,7 @@ def _r_inverse_rope(x, positions, rope, path):
 
 
 def inverse_rope(x, positions, rope, *, path="auto"):
-    """Standalone inverse RoPE, in place (SPEC 1, 4.3): on each pair k of dims 448..511 of
+    """Standalone inverse RoPE, in place (CONTRACT 1, 4.3): on each pair k of dims 448..511 of
     x bf16 ``[T, H, 512]`` (last dim contiguous), ``a' = a*c + b*s``, ``b' = b*c - a*s`` with
     ``c, s = rope[positions[t]]`` in fp32, rounded once to bf16; NoPE dims untouched.
     positions: int64 ``[T]`` in ``[0, P)``; rope: fp32 ``[P, 64]``. Returns x.
@@ -235,13 +235,13 @@ def _r_write_window(kv, positions, slots, rope, cache, block_size, sanitise, pat
 
 
 def write_window(kv, positions, slots, rope, cache, *, block_size=None, sanitise=True, path="auto"):
-    """Window (SWA) writer (SPEC 3.1): stores one token per row of kv into the fp8_ds_mla cache.
+    """Window (SWA) writer (CONTRACT 3.1): stores one token per row of kv into the fp8_ds_mla cache.
 
     kv: bf16 ``[N, 512]`` RMS-normalised latents (rows may be strided); positions: int64 ``[N]``
     (each in ``[0, P)``); slots: int64 ``[N]`` destination slots, ``< 0``: skip the token (nothing
     read or written); rope: fp32 ``[P, 64]`` the layer's table; cache: uint8 paged cache, written
     in place. Dims 448..511 are rotated at the token's position, NoPE tiles quantised (2.3), RoPE
-    stored as bf16. sanitise: codes clamped to 254 and NaN RoPE values stored as 0 (SPEC 5).
+    stored as bf16. sanitise: codes clamped to 254 and NaN RoPE values stored as 0 (CONTRACT 5).
     Returns cache.
     """
     args = (kv, positions, slots, rope, cache, _bs(block_size), bool(sanitise), path)
@@ -258,7 +258,7 @@ def _r_write_compressor_state(kv, score, ape, positions, state_slots, state, rat
 
 def write_compressor_state(kv, score, positions, state_slots, state, *, ratio=4, head_dim=512,
                            ape=None, path="auto"):
-    """Compressor state writer (SPEC 3.2).
+    """Compressor state writer (CONTRACT 3.2).
 
     With ``W = coff * head_dim`` (coff 2 for ratio 4, 1 for ratio 128; head_dim 512 for the KV
     compressor, 128 for the indexer's): kv, score: fp32 ``[N, W]``; positions: int64 ``[N]``;
@@ -286,7 +286,7 @@ def _r_compress(positions, request_index, state_slots, out_slots, state_block_ta
 def compress(positions, request_index, state_slots, out_slots, state_block_table, state,
              norm_weight, rope, cache, *, ratio=4, block_size=None, norm_eps=1e-6, sanitise=True,
              two_stage=False, scratch=None, path="auto"):
-    """KV compressor (SPEC 3.2), ratio 4 (with overlap) or 128: one compressed entry per ratio tokens.
+    """KV compressor (CONTRACT 3.2), ratio 4 (with overlap) or 128: one compressed entry per ratio tokens.
 
     Per token (N): positions int64, request_index int32 (row of state_block_table), state_slots int64
     (``< 0``: token skipped), out_slots int64 (compressed slot, ``< 0``: nothing stored).
@@ -320,7 +320,7 @@ def _r_compress_indexer(positions, request_index, state_slots, out_slots, state_
 def compress_indexer(positions, request_index, state_slots, out_slots, state_block_table, state,
                      norm_weight, rope, cache, *, block_size=None, norm_eps=1e-6, sanitise=True,
                      two_stage=False, scratch=None, path="auto"):
-    """Indexer-key compressor (SPEC 3.2, last paragraph): as :func:`compress` with ratio 4 and head
+    """Indexer-key compressor (CONTRACT 3.2, last paragraph): as :func:`compress` with ratio 4 and head
     128 (state W = 256, norm_weight fp32 ``[128]``, RoPE dims 64..127), one 128-wide quantiser block,
     fp32 scale, into a uint8 paged indexer cache (132 bytes per token, NORMAL layout).
     scratch: fp32 ``[N, 128]`` for the two-stage form. Returns cache.
@@ -345,7 +345,7 @@ def _r_gather_indexer_keys(token_to_seq, cu_seqlen, block_table, cache, block_si
 
 def gather_indexer_keys(token_to_seq, cu_seqlen, block_table, cache, *, block_size=None,
                         layout="normal", k_fp8=None, k_scale=None, path="auto"):
-    """Indexer-key gather (SPEC 6): paged indexer cache -> contiguous keys of a prefill chunk.
+    """Indexer-key gather (CONTRACT 6): paged indexer cache -> contiguous keys of a prefill chunk.
 
     token_to_seq: int32 ``[N]`` (sequence of each output row; out of range: padding token);
     cu_seqlen: int32 ``[B+1]``; block_table: int32 ``[>= B, width]``; cache: uint8 paged indexer
@@ -368,7 +368,7 @@ def gather_indexer_keys(token_to_seq, cu_seqlen, block_table, cache, *, block_si
 
 # ---- ragged lists --------------------------------------------------------------------------------------
 def alloc_ragged(max_rows, width, like):
-    """Persistent list buffers for CUDA graphs (SPEC 4.6): ``(indices int32 [max_rows*width],
+    """Persistent list buffers for CUDA graphs (CONTRACT 4.6): ``(indices int32 [max_rows*width],
     indptr int32 [max_rows+1])`` in the library/device of ``like``. Builders rewrite them in place
     every step (pass ``out=(indices, indptr)`` and rows of the captured count; ``row_valid`` 0 for
     rows beyond the live batch), so their addresses never change."""
@@ -392,7 +392,7 @@ def _r_build_ragged_from_dense(dense, lengths, request_index, num_slots, row_val
 
 def build_ragged_from_dense(dense, lengths, *, request_index=None, num_slots=0, row_valid=None,
                             out=None, path="auto"):
-    """Dense index rows + lengths -> a ragged list (SPEC 4.6).
+    """Dense index rows + lengths -> a ragged list (CONTRACT 4.6).
 
     dense: int32 ``[R, W]`` (rows may be strided); lengths: int32 ``[R]``, or ``[num_requests]``
     with request_index int32 ``[R]`` (FlashMLA's per-request ``topk_length``, broadcast to the
@@ -419,7 +419,7 @@ def _r_build_window_lists(positions, request_index, block_table, block_size, win
 
 def build_window_lists(positions, block_table, block_size, *, request_index=None, window=128,
                        width=None, row_valid=None, out=None, path="auto"):
-    """Sliding-window lists (SPEC 4.6): row r covers positions ``max(pos-127, 0) .. pos``
+    """Sliding-window lists (CONTRACT 4.6): row r covers positions ``max(pos-127, 0) .. pos``
     (``len = min(pos+1, window)``), entry j = slot of position ``start + j`` through the window
     block table: ``block_table[req][q // block_size] * block_size + q % block_size`` (-1 past the
     table row).
@@ -449,7 +449,7 @@ def _r_build_topk_lists(topk, topk_length, request_index, block_table, block_siz
 
 def build_topk_lists(topk, block_table, block_size, *, topk_length=None, request_index=None,
                      row_valid=None, out=None, path="auto"):
-    """Ratio-4 lists from the indexer's local top-k (SPEC 4.6).
+    """Ratio-4 lists from the indexer's local top-k (CONTRACT 4.6).
 
     topk: int32 ``[R, W]`` local compressed indices; block_table: int32 ``[num_requests, Wt]``
     (compressed cache pages, page size block_size). ``len`` = number of entries in
@@ -480,7 +480,7 @@ def _r_build_compressed_all_lists(positions, request_index, block_table, block_s
 def build_compressed_all_lists(positions, block_table, block_size, max_compressed, *, ratio=128,
                                request_index=None, width=None, row_valid=None, out=None,
                                path="auto"):
-    """Ratio-128 lists, every compressed entry so far (SPEC 4.6): row r has
+    """Ratio-128 lists, every compressed entry so far (CONTRACT 4.6): row r has
     ``n = min((pos+1) // ratio, max_compressed)`` entries i = 0..n-1 mapped through block_table as
     in :func:`build_topk_lists`. max_compressed: :func:`max_compressed_entries` (8192 at 1M
     context); width W (default max_compressed) >= max_compressed. Returns ``(indices, indptr)``.
@@ -501,13 +501,13 @@ def max_compressed_entries(max_model_len, ratio=128):
 
 # ---- planners and gates ----------------------------------------------------------------------------------
 def plan_generic(num_tokens, num_heads, width_main, width_extra, num_sms):
-    """Generic split selector of SPEC 4.4 (cap 16): S from T, hb = ceil(H/16), the lists' dense
+    """Generic split selector of CONTRACT 4.4 (cap 16): S from T, hb = ceil(H/16), the lists' dense
     widths and the multiprocessor count CU."""
     return _C.plan("generic", num_tokens, num_heads, width_main, width_extra, num_sms)
 
 
 def plan_specialised_ref(num_tokens, num_heads, width_main, width_extra, num_sms):
-    """Specialised split selector of SPEC 4.4 exactly as specified (cap 32; conformance-pinned)."""
+    """Specialised split selector of CONTRACT 4.4 exactly as specified (cap 32; conformance-pinned)."""
     return _C.plan("specialised", num_tokens, num_heads, width_main, width_extra, num_sms)
 
 
@@ -529,23 +529,23 @@ def auto_prefers_sm90(num_tokens, num_heads, width_main, width_extra, num_sms=13
 
 
 def plan_iters(width_main, width_extra, s):
-    """iters(s) of SPEC 4.4: key blocks of 32 per split over both lists."""
+    """iters(s) of CONTRACT 4.4: key blocks of 32 per split over both lists."""
     return _C.plan_iters(width_main, width_extra, s)
 
 
 def adaptive_one_wave(num_tokens, num_heads, width_main, width_extra, num_sms, splits):
-    """ONE_WAVE of SPEC 4.5: ``max(1, CU // base)`` when ``16 <= base < 64``, else splits."""
+    """ONE_WAVE of CONTRACT 4.5: ``max(1, CU // base)`` when ``16 <= base < 64``, else splits."""
     return _C.adaptive_one_wave(num_tokens, num_heads, width_main, width_extra, num_sms, splits)
 
 
 def adaptive_active_splits(len_main, len_extra, splits, one_wave):
-    """Splits that do work for a row with true lengths (len_main, len_extra) (SPEC 4.5)."""
+    """Splits that do work for a row with true lengths (len_main, len_extra) (CONTRACT 4.5)."""
     return _C.adaptive_active_splits(len_main, len_extra, splits, one_wave)
 
 
 def may_skip_extra_scrub(specialised_path, format_is_fp8_ds_mla, kv_connector, has_extra_cache,
                          extra_cache_sanitised):
-    """The NaN provenance gate of SPEC 5: True only when all of specialised path, fp8_ds_mla format,
+    """The NaN provenance gate of CONTRACT 5: True only when all of specialised path, fp8_ds_mla format,
     no KV connector, an extra cache and a sanitised extra cache hold."""
     return _C.may_skip_extra_scrub(bool(specialised_path), bool(format_is_fp8_ds_mla),
                                    bool(kv_connector), bool(has_extra_cache),
@@ -553,7 +553,7 @@ def may_skip_extra_scrub(specialised_path, format_is_fp8_ds_mla, kv_connector, h
 
 
 def select_gpu_path(cc_major, cc_minor, have_sm90a_kernels, caches_fast_aligned, requested="auto"):
-    """The architecture gate of SPEC 7: ``"cuda-sm90"`` only on cc 9.0 with sm_90a kernels and
+    """The architecture gate of CONTRACT 7: ``"cuda-sm90"`` only on cc 9.0 with sm_90a kernels and
     16-byte aligned caches (or when forced), else ``"cuda-generic"``."""
     return _C.select_gpu_path(cc_major, cc_minor, bool(have_sm90a_kernels),
                               bool(caches_fast_aligned), requested)
@@ -626,7 +626,7 @@ def _device_ordinal(device):
 def plan_decode(num_tokens, num_heads, width_main, width_extra=0, *, has_extra=None, device="cpu",
                 path="auto", num_splits=0, adaptive_splits=False, deterministic=False, num_sms=0,
                 caches_aligned=True):
-    """Plans decodes of one shape (SPEC 4.4): an engine plans once per step and runs every layer of
+    """Plans decodes of one shape (CONTRACT 4.4): an engine plans once per step and runs every layer of
     that shape with ``sparse_decode(..., plan=plan)``, which then plans nothing. Returns a
     :class:`DecodePlan`.
 
@@ -689,11 +689,11 @@ def _r_sparse_decode(inputs, out, lse, workspace, config, scale, path, plan):
 
 
 def sparse_decode(q, main_cache, main_indices, main_indptr=None, **kwargs):
-    """Sparse MLA decode against FP8 paged caches (SPEC 4): one softmax over the main and extra lists.
+    """Sparse MLA decode against FP8 paged caches (CONTRACT 4): one softmax over the main and extra lists.
 
     q: bf16 ``[T, H, 512]`` (H in 1..128; last dim contiguous, other strides free).
     main_cache: uint8 paged fp8_ds_mla cache (the window cache; block_size from ``shape[1]`` of a
-    >= 3-D cache, else ``main_block_size``). The main list (SPEC 4.6; global slot ids, -1 or any
+    >= 3-D cache, else ``main_block_size``). The main list (CONTRACT 4.6; global slot ids, -1 or any
     out-of-range value skipped) is ragged, main_indices int32 ``[cap]`` + main_indptr int32
     ``[>= T+1]`` (row t = ``indices[indptr[t]:indptr[t+1]]``; main_width: W for the planner, 0:
     cap // T), or dense (main_indptr None; FlashMLA's form, read directly): main_indices int32
@@ -708,10 +708,10 @@ def sparse_decode(q, main_cache, main_indices, main_indptr=None, **kwargs):
     takes num_splits, num_sms, adaptive_splits, deterministic and path from it (give none of
     them); a call of another shape raises naming the field. Without one the call plans itself
     from them: num_splits S in 1..32 (0: the path's planner), num_sms CU (0: the device's),
-    adaptive_splits (SPEC 4.5, sm90 path), deterministic (a row's out and lse bits do not depend
+    adaptive_splits (CONTRACT 4.5, sm90 path), deterministic (a row's out and lse bits do not depend
     on its batchmates: S planned as if T = 1, no adaptive rule), path.
     extra_cache_sanitised: every reachable extra row was written by this library's compressor in
-    sanitising mode (the sm90 path without kv_connector then skips the extra scrub, SPEC 5).
+    sanitising mode (the sm90 path without kv_connector then skips the extra scrub, CONTRACT 5).
     out: bf16 ``[T, H, 512]`` and lse: fp32 ``[T, H]`` (any strides; or FlashMLA's ``[b, H, s_q]``,
     row t at ``lse[t // s_q, :, t % s_q]``) written in place (else allocated): lse is the
     natural-log log-sum-exp of the scaled scores without the sink, +inf for a row without a valid
@@ -785,7 +785,7 @@ def sparse_decode_reference(q, main_cache, main_indices, main_indptr=None, *,
 
 
 def verify_decode_output(out, ref, abs_mean):
-    """The accuracy contract of SPEC 9.9 (CPU arrays; the rule and its argument are in
+    """The accuracy contract of CONTRACT 9.9 (CPU arrays; the rule and its argument are in
     ``include/sparsemla/verify.h``): out bf16 ``[T, H, 512]`` against ref float64 ``[T, H, 512]``
     (contiguous), NaN/+inf/-inf in the same places, each finite element within
     ``2^-7 * abs_mean + 2^-8 * |ref| + 1e-6``, and the cosine difference over the whole output

@@ -5,9 +5,9 @@ decode can import these two names from here instead::
 
     from sparsemla.flashmla import flash_mla_with_kvcache, get_mla_metadata
 
-Semantics follow FlashMLA's sparse FP8 decode (SPEC 4.3a), with two relaxations: any h_q in 1..128
+Semantics follow FlashMLA's sparse FP8 decode (CONTRACT 4.3a), with two relaxations: any h_q in 1..128
 and any top-k width are accepted. The dense ``indices`` and ``topk_length`` go to the decode as they
-are (dense lists, SPEC 4.6: no conversion kernel). ``get_mla_metadata`` returns the holder of a
+are (dense lists, CONTRACT 4.6: no conversion kernel). ``get_mla_metadata`` returns the holder of a
 decode plan, made by the first call with it and reused by every later one (as FlashMLA fills its
 scheduling metadata once); ``block_table``, ``cache_seqlens``, ``num_splits`` and ``causal`` are
 ignored. Works on torch tensors (CPU or CUDA; traceable by ``torch.compile`` and capturable in CUDA
@@ -106,7 +106,7 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
     """DSV4 sparse FP8 decode with FlashMLA's calling convention. Returns ``(out, lse)``.
 
     q: bf16 ``[b, s_q, h_q, 512]``; k_cache: uint8 ``[num_blocks, page_block_size, 1, 584]`` view
-    of the fp8_ds_mla pages (SPEC 2.1; page stride = ``stride(0)`` bytes); indices: int32
+    of the fp8_ds_mla pages (CONTRACT 2.1; page stride = ``stride(0)`` bytes); indices: int32
     ``[b, s_q, topk]`` slot ids into k_cache (block * page_block_size + row; -1 and any other
     out-of-range value: skipped); topk_length: int32 ``[b]`` or None, only the first
     ``topk_length[i]`` indices of request i are read. extra_k_cache / extra_indices_in_kvcache /

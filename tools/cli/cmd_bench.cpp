@@ -1,4 +1,4 @@
-// sparsemla bench: the standard shapes of SPEC 10 on every requested path, one table, optional
+// sparsemla bench: the standard shapes of CONTRACT 10 on every requested path, one table, optional
 // JSON. Numbers: median of `reps` timed calls (GPU: CUDA-graph replays with a cold L2), p10..p90
 // spread, TFLOP/s (2*H*N*1024 per query row), GB/s (584 B per attended key + indices + q/out), and
 // the fraction of the roofline floor max(bytes / 4.3 TB/s, flops / 790 TFLOP/s) measured on the
@@ -200,7 +200,7 @@ int bench_main(const BenchOptions& o) {
 
 void register_bench(CLI::App& app) {
   static BenchOptions o;
-  auto* cmd = app.add_subcommand("bench", "Time the decode at the standard shapes (SPEC 10)");
+  auto* cmd = app.add_subcommand("bench", "Time the decode at the standard shapes (CONTRACT 10)");
   cmd->add_option("--shapes", o.shapes, "shape names (default: all standard shapes)")
       ->delimiter(',');
   cmd->add_option("--batches", o.batches, "batch sizes")->delimiter(',');

@@ -1,4 +1,4 @@
-// sparsemla format: prints the cache layout tables of SPEC 2 from the traits header.
+// sparsemla format: prints the cache layout tables of CONTRACT 2 from the traits header.
 #include <cstdio>
 
 #include "commands.h"

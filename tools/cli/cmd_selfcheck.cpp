@@ -1,5 +1,5 @@
 // sparsemla selfcheck: a quick end-to-end check of the writer, the row decoder and the gather on
-// random model-like data. Expected values are re-derived here from SPEC 2 and 3.1 without the
+// random model-like data. Expected values are re-derived here from CONTRACT 2 and 3.1 without the
 // library's codecs; prints one table row per check and fails (exit code 1) on any mismatch.
 #include <algorithm>
 #include <cmath>
@@ -143,7 +143,7 @@ void run_window_writer(WindowCase& c) {
   write_window(p);
 }
 
-// Codes, NoPE values, RoPE values and untouched bytes of every token against SPEC 2.3 / 3.1.
+// Codes, NoPE values, RoPE values and untouched bytes of every token against CONTRACT 2.3 / 3.1.
 std::vector<CheckRow> check_window(const WindowCase& c) {
   CheckRow codes{"window: scale codes + pad", 0, 0, 0, "code diff"};
   CheckRow nope{"window: NoPE values", 0, 0, 1, "x half e4m3 step"};

@@ -2,7 +2,7 @@
 // runs them, on several paths in one process, and reports per path: attention time per step,
 // attention tokens/s, P50/P90/P99 step latency and the ratio to the first path (table, JSON, PNG
 // through scripts/plot-serve-sim). Every run checks a sample of layers against the float64
-// reference (SPEC 9) and prints one verification line. docs/SERVE-SIM.md.
+// reference (CONTRACT 9) and prints one verification line. docs/SERVE-SIM.md.
 #include <algorithm>
 #include <chrono>
 #include <cmath>

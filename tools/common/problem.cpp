@@ -13,7 +13,7 @@ namespace sparsemla::tools {
 namespace {
 
 constexpr int kTile = Fp8DsMla::kTileDims;  // 64: one scale per tile
-constexpr float kTileGainSigma = 0.7f;      // per-(token, tile) gain exp(0.7 N(0,1)), SPEC 9.9
+constexpr float kTileGainSigma = 0.7f;      // per-(token, tile) gain exp(0.7 N(0,1)), CONTRACT 9.9
 
 void report(const ProblemConfig& cfg, const std::string& msg) {
   if (cfg.progress) cfg.progress(msg);
@@ -75,8 +75,8 @@ void fill_window(Problem& pb, const Requests& req, FastRng& rng) {
     for (int64_t pg = page_range[b].first; pg <= page_range[b].second; ++pg)
       table[b * table_width + pg] = phys[next++];
 
-  // Tokens through the window writer, at model magnitude (SPEC 9.9): latents N(0,1) times a gain
-  // exp(0.7 N(0,1)) per (token, 64-dim tile), the RoPE tile included.
+  // Tokens through the window writer, at model magnitude (CONTRACT 9.9): latents N(0,1) times a
+  // gain exp(0.7 N(0,1)) per (token, 64-dim tile), the RoPE tile included.
   std::vector<bf16_bits> kv;
   std::vector<int64_t> pos, slot;
   for (size_t b = 0; b < req.length.size(); ++b) {
@@ -204,7 +204,7 @@ void run_compressor(Problem& pb, const Requests& req, int32_t ratio, const Compr
       }
     }
     const int64_t n = static_cast<int64_t>(pos.size());
-    // Inputs at model magnitude (SPEC 9.9): N(0,1) times a gain exp(0.7 N(0,1)) per (token,
+    // Inputs at model magnitude (CONTRACT 9.9): N(0,1) times a gain exp(0.7 N(0,1)) per (token,
     // 64-dim tile), so the pooled, normalised entries keep tiles of unequal scale.
     std::vector<float> kv(n * W), score(n * W);
     for (int64_t i = 0; i < n * W; i += kTile) {

@@ -12,7 +12,7 @@
 
 namespace sparsemla::tools {
 
-// A layer kind of DSV4 (SPEC 1).
+// A layer kind of DSV4 (CONTRACT 1).
 struct LayerKind {
   std::string name;  // flash-c4 | pro-c4 | flash-c128 | pro-c128 | swa
   int32_t heads;     // query heads before tensor parallelism

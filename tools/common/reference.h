@@ -1,5 +1,5 @@
-// tools/common/reference.h: the float64 reference of a Problem (SPEC 9.9) for the tools' verdicts, with
-// progress lines, and a store that computes it once per problem and scrub decision.
+// tools/common/reference.h: the float64 reference of a Problem (CONTRACT 9.9) for the tools'
+// verdicts, with progress lines, and a store that computes it once per problem and scrub decision.
 #pragma once
 
 #include <functional>
@@ -24,7 +24,7 @@ struct Reference {
 Reference compute_reference(const Problem& pb, Path path,
                             const std::function<void(const std::string&)>& progress);
 
-// Whether the decode of pb on `path` scrubs the extra cache (SPEC 5; the window cache always).
+// Whether the decode of pb on `path` scrubs the extra cache (CONTRACT 5; the window cache always).
 bool scrubs_extra(const Problem& pb, Path path);
 
 // The reference of one problem for any path: computed on first use per scrub decision, then

@@ -48,10 +48,10 @@ constexpr int32_t kStateRing128 = 18;  // rows pos-127..pos: at most 17 blocks o
 constexpr int64_t kFillChunk = 65536;  // tokens per writer call while filling caches
 constexpr int64_t kMinPoolTopk = 4;    // aliased ratio-4 pools keep >= 4x top-k entries
 constexpr int64_t kMinPool128 = 2048;  // aliased ratio-128 pools keep >= 2048 entries
-// Latents at model magnitude (SPEC 9.9): N(0,1) times a gain exp(0.7 N(0,1)) per (token, 64-dim
-// tile). The SPEC 9.9 rule bounds each element by the probability-weighted mean magnitude of its
-// value column, so it holds at any magnitude: no shrunk RMS (the earlier 0.125 was chosen to pass
-// the old fixed 1e-3 bound).
+// Latents at model magnitude (CONTRACT 9.9): N(0,1) times a gain exp(0.7 N(0,1)) per (token, 64-dim
+// tile). The CONTRACT 9.9 rule bounds each element by the probability-weighted mean magnitude of
+// its value column, so it holds at any magnitude: no shrunk RMS (the earlier 0.125 was chosen to
+// pass the old fixed 1e-3 bound).
 constexpr float kTileGainSigma = 0.7f;
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
@@ -257,7 +257,7 @@ class Simulation {
   void fill_cache(const MutableCacheView& c, const RopeTable& rope, const bf16_bits* tmpl,
                   int64_t chunk, int64_t* pos_dev, int64_t* slot_dev);
   void fill_floats(float* dst, int64_t n, float scale);
-  std::vector<bf16_bits> random_latents(int64_t n);  // SPEC 9.9 magnitudes, [n, 512]
+  std::vector<bf16_bits> random_latents(int64_t n);  // CONTRACT 9.9 magnitudes, [n, 512]
   void draw_topk(const SimRequest& r);
   void stage_step();
   DecodeParams decode_params(const Layer& l, const SimPath& path) const;
@@ -673,7 +673,7 @@ DecodeParams Simulation::decode_params(const Layer& l, const SimPath& path) cons
 }
 
 // S of every layer, chosen once (at capture) from the captured batch and the lists' dense widths
-// (SPEC 4.4, 4.6); the adaptive rule of SPEC 4.5 where it applies.
+// (CONTRACT 4.4, 4.6); the adaptive rule of CONTRACT 4.5 where it applies.
 void Simulation::plan_paths() {
   size_t ws = 0;
   plans_.reserve(cfg_.paths.size());

@@ -22,7 +22,7 @@
 
 namespace sparsemla::tools {
 
-// ---- model (SPEC 1) -----------------------------------------------------------------------------
+// ---- model (CONTRACT 1) -------------------------------------------------------------------------
 
 struct SimModel {
   std::string name;               // flash | pro
@@ -58,7 +58,7 @@ struct SimPath {
   std::string name;           // as printed: "cuda-generic", "cuda-sm90+scrub", ...
   Path path = Path::Cpu;      // never Auto: an A/B names its paths
   bool scrub_forced = false;  // "+scrub": extra_cache_sanitised = false, so the provenance gate
-                              // (SPEC 5) never skips the extra cache's NaN scrub
+                              // (CONTRACT 5) never skips the extra cache's NaN scrub
 };
 // "<path>" or "<path>+scrub" with <path> one of cpu, cuda-generic, cuda-sm90 (parse_path's names).
 SimPath parse_sim_path(const std::string& name);
@@ -159,7 +159,7 @@ struct SimPathResult {
   std::vector<int32_t> splits;       // S of every selected layer (planner, at capture)
   std::vector<double> step_seconds;  // timed steps, in step order
   std::vector<int64_t> step_tokens;  // live query tokens of each timed step
-  std::vector<int32_t> adaptive;     // 1 where the layer runs the SPEC 4.5 rule
+  std::vector<int32_t> adaptive;     // 1 where the layer runs the CONTRACT 4.5 rule
 };
 
 struct SimCheck {

@@ -10,7 +10,7 @@ namespace sparsemla::tools {
 
 namespace {
 
-constexpr int64_t kMaxContext = int64_t{1} << 20;  // SPEC 1: 1,048,576 tokens
+constexpr int64_t kMaxContext = int64_t{1} << 20;  // CONTRACT 1: 1,048,576 tokens
 
 // "8192", "8k", "1m" -> tokens; -1 when not a number.
 int64_t parse_tokens(std::string s) {
@@ -26,10 +26,11 @@ int64_t parse_tokens(std::string s) {
 
 }  // namespace
 
-// SPEC 1 gives the counts (Flash: 2 window-only, 21 ratio-4, 20 ratio-128; Pro: 0 / 30 / 31, each
-// + one window-only MTP layer). The order is the published Flash config's (two window-only layers,
-// then ratio 4 and 128 alternating, starting with 4); for Pro we assume the same pattern with its
-// first two layers ratio 128. The order changes no timing, only which layers a slice takes.
+// CONTRACT 1 gives the counts (Flash: 2 window-only, 21 ratio-4, 20 ratio-128; Pro: 0 / 30 / 31,
+// each + one window-only MTP layer). The order is the published Flash config's (two window-only
+// layers, then ratio 4 and 128 alternating, starting with 4); for Pro we assume the same pattern
+// with its first two layers ratio 128. The order changes no timing, only which layers a slice
+// takes.
 SimModel sim_model(const std::string& name, bool with_mtp_layer) {
   SimModel m;
   m.name = name;
