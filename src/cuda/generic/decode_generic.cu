@@ -1,15 +1,16 @@
-// src/cuda/generic/decode_generic.cu: the portable CUDA sparse decode (SPEC 4), sm_80 and newer.
+// src/cuda/generic/decode_generic.cu: the portable CUDA sparse decode (CONTRACT 4), sm_80 and
+// newer.
 //
 // Partial kernel (decode_partial.cuh), grid (T, S, ceil(hb / HB)), 256 threads: one CTA per query
 // row, split and group of HB head blocks (HB = 4, 2 or 1; 16 heads per block), chosen on the host
 // from the grid size (fewer heads per CTA when the grid would leave SMs idle) and the device's
-// shared memory. S always comes from plan_generic (SPEC 4.4). HB = 4 on devices with >= 206 KiB
+// shared memory. S always comes from plan_generic (CONTRACT 4.4). HB = 4 on devices with >= 206 KiB
 // of shared memory per block and an sm_90+ cubin runs the warp-specialised shape instead
 // (decode_partial_ws.cuh, 384 threads; same outputs bit for bit).
-// Combine kernel, grid (T, H), 128 threads x 4 columns: SPEC 4.3 / 4.3a. On sm_90+ it is launched
-// with programmatic dependent launch, so its launch overlaps the partial kernel, and it waits for
-// the partials in griddepcontrol.wait; its loads of all splits' m, l (then acc) are in flight
-// together (two L2 round trips for S <= 16).
+// Combine kernel, grid (T, H), 128 threads x 4 columns: CONTRACT 4.3 / 4.3a. On sm_90+ it is
+// launched with programmatic dependent launch, so its launch overlaps the partial kernel, and it
+// waits for the partials in griddepcontrol.wait; its loads of all splits' m, l (then acc) are in
+// flight together (two L2 round trips for S <= 16).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -472,7 +473,7 @@ DecodeKernelParams decode_kernel_params(const DecodeParams& p, const DecodePlan&
     k.extra_cache = device_cache(p.extra_cache);
     k.extra_list = device_list(p.extra_list);
   }
-  // SPEC 5: only the specialised path may skip the extra cache's scrub, and only when the gate
+  // CONTRACT 5: only the specialised path may skip the extra cache's scrub, and only when the gate
   // says.
   k.scrub_extra = !may_skip_extra_scrub(
       {specialised, true, p.kv_connector, p.has_extra, p.extra_cache_sanitised});
