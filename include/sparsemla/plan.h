@@ -28,13 +28,14 @@ int32_t plan_generic(const PlanShape& shape);
 // The specialised selector exactly as in CONTRACT 4.4 (reference; conformance-pinned; cap 32).
 int32_t plan_specialised_ref(const PlanShape& shape);
 // The policy the specialised path launches with on our 132-SM GPU (CONTRACT 4.4: separately named,
-// re-tuned by measurement, constants and evidence in docs/PERF.md): one wave of 64-head CTAs,
+// re-tuned by measurement, constants and evidence in docs/PERF.md, "Splits on the sm90 path"):
+// one wave of 64-head CTAs,
 // CU / (T * ceil(hb / 4)), with >= 2 key tiles per split (>= 1 when fewer than 8 CTAs per split),
 // capped at 16. Always in [1, 32]; T = 0 -> 1.
 int32_t plan_sm90_tuned(const PlanShape& shape);
 
 // Whether `auto` takes the sm90-specialised path where the architecture gate allows it: where it
-// was measured faster than the generic path on the H200 (docs/PERF.md, sm90 v3 and v3.6): >= 64
+// was measured faster than the generic path on the H200 (docs/PERF.md, "Path rule"): >= 64
 // heads and either >= 16 CTAs of 64 heads (T * ceil(H / 64)), or >= 8 such CTAs with rows of
 // >= 2048 keys (width_main + width_extra); 8..63 heads from T * ceil(H / 16) >= 32 (so 8..16 heads
 // from T >= 32, 17..32 from T >= 16). Deterministic calls stay

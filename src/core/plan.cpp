@@ -119,7 +119,8 @@ int32_t plan_specialised_ref(const PlanShape& shape) {
   return static_cast<int32_t>(splits);
 }
 
-// Tuned on the H200 (docs/PERF.md, sm90 "Planner re-tuned"): the sm90 kernel runs one CTA per SM,
+// Tuned on the H200 (docs/PERF.md, "Splits on the sm90 path"; the re-tune of 2026-11-29 in
+// docs/lab/planner.md): the sm90 kernel runs one CTA per SM,
 // each covering 64 heads (G = ceil(hb / 4) CTAs per row and split), so S is sized to fill one
 // wave, CU / (T * G), with at least two 32-key tiles per split (a CTA's fixed cost, ~8-20 us of
 // cold loads and epilogue, needs work to amortise; more splits also write more partials), capped
@@ -149,7 +150,8 @@ int32_t plan_sm90_tuned(const PlanShape& shape) {
   return static_cast<int32_t>(std::clamp<int64_t>(s, 1, kSm90TunedMaxSplits));
 }
 
-// Measured (docs/PERF.md, sm90 v3 table and v3.6 with the re-tuned planner): sm90 wins every
+// Measured (docs/PERF.md, "Path rule"; the cells below are from the 2026-11-29 tables of
+// docs/lab/sm90-path.md and docs/lab/planner.md): sm90 wins every
 // H >= 64 cell with >= 16 CTAs of 64 heads (1.1x at mtp-flash B=8 .. 3.6x at c128-h64 B=32) and
 // the 8-CTA cells with long rows (c128-fixed B=8: 33.1 vs 46.4 us, c128-h64 B=8: 47.9 vs 123.6
 // us); it loses with 8 CTAs of 640-key rows (c4-flash B=8: 24.5 vs 22.4 us) and at batch 1 (the

@@ -287,7 +287,7 @@ TEST(PlanSm90Tuned, RangeAndSanityOnCu132Sweep) {
     const int32_t got = plan_sm90_tuned(s);
     ASSERT_GE(got, 1) << text(s);
     ASSERT_LE(got, kSpecialisedMaxSplits) << text(s);
-    // The H200 tuning (docs/PERF.md, sm90 "Planner re-tuned"): at most 16 splits (the combine
+    // The H200 tuning (docs/PERF.md, "Splits on the sm90 path"): at most 16 splits (the combine
     // keeps every split's loads in flight together); one wave of 64-head CTAs; >= 2 key tiles per
     // split unless the grid is latency-bound (< 8 CTAs per split), >= 1 tile there.
     ASSERT_LE(got, 16) << text(s);
@@ -314,7 +314,8 @@ TEST(PlanSm90Tuned, RangeAndSanityOnCu132Sweep) {
   });
 }
 
-// The cells of the sm90 v3 table (docs/PERF.md) the `auto` rule was read from: true exactly where
+// The cells the `auto` rule was read from (docs/PERF.md, "Path rule"; the 2026-11-29 tables of
+// docs/lab/sm90-path.md and docs/lab/planner.md, the 2026-12-02 head sweep): true exactly where
 // sm90 measured faster than the generic path. Widths as the bench passes them (the lists' dense
 // widths: 8192 for the c128-h64/h128 lists of 2048..8192 entries).
 TEST(AutoPrefersSm90, MatchesTheMeasuredCellsOnTheH200) {

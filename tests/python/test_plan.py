@@ -44,8 +44,8 @@ def test_planners_match_spec_formulas_on_random_shapes(rng):
 
 
 def test_auto_prefers_sm90_measured_cells():
-    # (T, H, width_main, width_extra) -> sm90 measured faster on the H200 (docs/PERF.md, v3, v3.6
-    # and session-5 tables).
+    # (T, H, width_main, width_extra) -> sm90 measured faster on the H200 (docs/PERF.md, "Path
+    # rule"; the 2026-11-29 tables of docs/lab/sm90-path.md).
     cells = [((8, 64, 128, 512), False), ((32, 64, 128, 512), True), ((8, 128, 128, 1024), True),
              ((8, 64, 128, 2048), True), ((1, 128, 128, 8192), False), ((128, 16, 128, 1024), True),
              ((8, 32, 128, 1024), False), ((128, 8, 128, 1024), True), ((8, 8, 128, 1024), False)]

@@ -124,7 +124,7 @@ bool bench_cell(const BenchShape& shape, int64_t batch, const Problem& pb, Path 
 }
 
 // Per (shape, batch) timed with auto and both CUDA paths: auto's time over the faster path's (the
-// path rule auto_prefers_sm90 in plan.h is kept within 3% of the best; docs/PERF.md).
+// path rule auto_prefers_sm90 in plan.h is kept within 3% of the best; docs/PERF.md, "Path rule").
 void print_auto_vs_best(const nlohmann::json& results) {
   std::map<std::pair<std::string, int64_t>, std::map<std::string, std::pair<double, std::string>>>
       cells;
