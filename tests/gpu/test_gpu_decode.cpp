@@ -1121,7 +1121,8 @@ TEST_P(GpuDecode, AdaptiveSplitsIgnorePoisonedWorkspace) {
   EXPECT_NE(std::find(seen.begin(), seen.end(), S), seen.end());
 }
 
-// Regression for a timing-dependent hazard (session 4): the sm90 kernel rewrote the registers of
+// Regression for a timing-dependent hazard (step 3.6 of 2026-11-29, docs/lab/sm90-path.md): the
+// sm90 kernel rewrote the registers of
 // P.V's A operand while that wgmma was still running. It showed only at C4-Pro-like shapes (128
 // heads, 8 rows, 128 + 1024 keys on 64-entry pages) at S = 5..7, under graph replay with a cold
 // L2. This replays exactly that regime a few times per S, flushing L2 (256 MB memset) before each

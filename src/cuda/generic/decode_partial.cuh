@@ -22,7 +22,8 @@
 //      of tile i+3, so no load waits on another inside the loop.
 // With S > 1 the CTA writes the partials m, l [T, S, H] and acc [T, S, H, 512] (a split with
 // l == 0 writes m = -FLT_MAX, l = 0 and no acc); with S == 1 it finishes the rows itself exactly as
-// the combine would. docs/PERF.md has the measurements and what limits this design.
+// the combine would. docs/PERF.md has the measurements and what limits this design ("What limits
+// each path"); its history is docs/lab/generic-path.md.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -722,7 +723,8 @@ __device__ __forceinline__ void partial_body(const PartialParams& p, unsigned ch
       if (__syncthreads_or(moved)) rescale_acc<HB>(sm, lane, acc);
       // Tile i+1's rows were loaded after P.V of tile i-1. Tested only now (late_zero), so their
       // latency hides behind Q.K and the softmax; ptxas placed the plain test before the Q.K
-      // barrier, where it waited on them in 5.5% of the stall samples (ncu, session 8).
+      // barrier, where it waited on them in 5.5% of the stall samples (ncu;
+      // docs/lab/generic-path.md, "2026-11-30: the fast-path test after the softmax barrier").
       const bool fast_next = __all_sync(0xFFFFFFFFu, rows_fast(rc, r, late_zero(sm.zero)));
       if (i + 1 < w.tiles) {
         // P.V of tile i beside the dequantisation of tile i+1 (tensor and ALU work interleave),

@@ -1075,7 +1075,8 @@ int fused_cluster_capacity(int32_t splits) {
 
 // The fused combine runs at S = 2 when every cluster of the grid is resident in one wave (a
 // cluster needs S free SMs of one GPC at once: 66 clusters of 2 fit on the H200). Measured
-// (docs/PERF.md, sm90 step 4.1): S = 2 fused is faster (C4-Pro B = 32: 73 -> 53 us, MTP-Flash
+// (docs/PERF.md, "Fused combine on the sm90 path"): S = 2 fused is faster (C4-Pro B = 32:
+// 73 -> 53 us, MTP-Flash
 // B = 32: 57.5 -> 40 us); S = 4..8 fused was slower than the combine kernel in every cell measured
 // (C4-Flash B = 8 S = 8: 28.5 against 25.1 us at the planner's S = 10; a second wave of clusters
 // doubled C4-Pro B = 8 S = 8: 56.8 against 34.8 us). The kernel handles S up to kMaxFusedSplits.
