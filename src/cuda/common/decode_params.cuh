@@ -2,8 +2,8 @@
 // and sm90 partial kernels alike) and what both do with it: the split of a row into key tiles
 // (CONTRACT 4.3, the adaptive active splits of CONTRACT 4.5), the slot id of a tile's key, the
 // scrub decision of the provenance gate (CONTRACT 5). Host: building the struct from DecodeParams,
-// the launch checks and the split-K combine (CONTRACT 4.3; its kernel lives in
-// src/cuda/generic/decode_generic.cu). CUDA translation units only.
+// the launch checks (decode_params.cu) and the split-K combine (CONTRACT 4.3; combine.cu). CUDA
+// translation units only.
 #pragma once
 
 #include <cuda_bf16.h>
