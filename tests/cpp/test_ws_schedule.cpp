@@ -1,5 +1,5 @@
 // The named-barrier protocol of the warp-specialised generic decode kernel
-// (src/cuda/generic/decode_partial_ws.cuh, schedule in ws_schedule.h), checked on the host for
+// (src/cuda/sm90/decode_partial_ws.cuh, schedule in ws_schedule.h), checked on the host for
 // every tile count of a split: both warp groups' barrier events are replayed in every interleaving
 // the barriers allow. Each barrier phase must get exactly one event of each group (128 QK + 256 PV
 // threads = the count of 384), no reachable state may deadlock, and no group may take part in a
@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "cuda/generic/ws_schedule.h"
+#include "cuda/sm90/ws_schedule.h"
 
 namespace sparsemla::test {
 namespace {

@@ -6,7 +6,7 @@
 // from the grid size (fewer heads per CTA when the grid would leave SMs idle) and the device's
 // shared memory. S always comes from plan_generic (CONTRACT 4.4). HB = 4 on devices with >= 206 KiB
 // of shared memory per block and an sm_90+ cubin runs the warp-specialised shape instead
-// (decode_partial_ws.cuh, 384 threads; same outputs bit for bit).
+// (src/cuda/sm90/decode_partial_ws.cuh and decode_ws.cu, 384 threads; same outputs bit for bit).
 // The combine kernel and the host side both paths share are in src/cuda/common/ (combine.cu,
 // decode_params.cu).
 #include <cuda_bf16.h>
@@ -25,8 +25,8 @@
 #include "cuda/common/device_info.h"
 #include "cuda/common/numerics_selfcheck.h"
 #include "cuda/generic/decode_partial.cuh"
-#include "cuda/generic/decode_partial_ws.cuh"
 #include "cuda/generic/generic_backend.h"
+#include "cuda/sm90/ws_backend.h"
 #include "sparsemla/error.h"
 #include "sparsemla/plan.h"
 
@@ -60,34 +60,17 @@ __global__ void __launch_bounds__(partial::kThreads, Cfg<HB>::kMinBlocksPerSm)
   partial::partial_body<HB>(p, smem_raw);
 }
 
-// HB = 4 where shared memory allows: the warp-specialised shape (decode_partial_ws.cuh), 384
-// threads, at most 168 registers each. Its body is compiled for sm_90+ only (the devices with its
-// 206 KiB of shared memory per block); the host launches it only when the loaded cubin is one of
-// those (LaunchFacts::ws).
-__global__ void __launch_bounds__(partial_ws::kThreads, 1)
-    decode_partial_ws_kernel(const __grid_constant__ PartialParams p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  partial_ws::partial_ws_body(p, smem_raw);
-#endif
-}
-
 // ---- fast-path selfcheck (numerics_selfcheck.h) ------------------------------------------------
 // The kernels' own predicates on rows of zero data bytes with the given scale words: one word per
 // thread, counted when every thread of the key would take the fast conversion.
-__global__ void rows_fast_count_kernel(const uint2* words, int64_t n, bool ws, uint32_t* count) {
+// (The warp-specialised kernel's own predicate: ws_kernel::rows_fast_count in decode_ws.cu.)
+__global__ void rows_fast_count_kernel(const uint2* words, int64_t n, uint32_t* count) {
   const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (i >= n) return;
   bool fast = true;
-  if (ws) {
-    partial_ws::Rows9 rc{};
-    rc.scale = words[i];
-    fast = partial_ws::rows9_fast(rc);
-  } else {
-    partial::RowChunks rc{};
-    rc.scale = words[i];
-    for (int r = 0; r < partial::kThreadsPerKey; ++r) fast = fast && partial::rows_fast(rc, r, 0u);
-  }
+  partial::RowChunks rc{};
+  rc.scale = words[i];
+  for (int r = 0; r < partial::kThreadsPerKey; ++r) fast = fast && partial::rows_fast(rc, r, 0u);
   if (fast) atomicAdd(count, 1u);
 }
 
@@ -147,17 +130,7 @@ const LaunchFacts& launch_facts() {
     if (Cfg<1>::kSmemBytes <= f.max_smem) opt_in_smem<1>();
     if (Cfg<2>::kSmemBytes <= f.max_smem) opt_in_smem<2>();
     if (Cfg<4>::kSmemBytes <= f.max_smem) opt_in_smem<4>();
-    cudaFuncAttributes ws_attr{};
-    cuda::check_cuda(cudaFuncGetAttributes(&ws_attr, decode_partial_ws_kernel),
-                     "cudaFuncGetAttributes(decode_partial_ws_kernel)");
-    f.ws = ws_attr.binaryVersion >= 90 && partial_ws::WsSmem::kBytes <= f.max_smem &&
-           core::tuning().generic_ws;
-    if (f.ws) {
-      cuda::check_cuda(cudaFuncSetAttribute(decode_partial_ws_kernel,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            partial_ws::WsSmem::kBytes),
-                       "cudaFuncSetAttribute(decode_partial_ws_kernel)");
-    }
+    f.ws = ws_kernel::prepare(f.max_smem);
   });
   return facts[dev];
 }
@@ -193,8 +166,7 @@ void launch_partial(int32_t heads_blocks, bool ws, dim3 grid, cudaStream_t strea
   switch (heads_blocks) {
     case 4:
       if (ws) {
-        decode_partial_ws_kernel<<<grid, partial_ws::kThreads, partial_ws::WsSmem::kBytes,
-                                   stream>>>(kp);
+        ws_kernel::launch(grid, stream, kp);
       } else {
         decode_partial_kernel<4><<<grid, partial::kThreads, Cfg<4>::kSmemBytes, stream>>>(kp);
       }
@@ -258,19 +230,13 @@ void device_rows_fast_count(const uint64_t* words, int64_t n, bool ws, uint32_t*
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   cuda::check_cuda(cudaMemsetAsync(count, 0, sizeof(uint32_t), s), "rows_fast_count clear");
   if (n <= 0) return;
-  rows_fast_count_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, s>>>(
-      reinterpret_cast<const uint2*>(words), n, ws, count);
+  if (ws) {
+    ws_kernel::rows_fast_count(reinterpret_cast<const uint2*>(words), n, count, s);
+  } else {
+    rows_fast_count_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, s>>>(
+        reinterpret_cast<const uint2*>(words), n, count);
+  }
   cuda::check_cuda(cudaGetLastError(), "rows_fast_count_kernel launch");
 }
-
-#ifdef SPARSEMLA_TIMELINE
-// Debug timeline of the warp-specialised kernel (cuda/common/timeline.cuh).
-void timeline_clear(cudaStream_t stream) {
-  cuda::timeline_clear_symbol(partial_ws::g_timeline, stream);
-}
-void timeline_read(unsigned long long* out) {
-  cuda::timeline_read_symbol(partial_ws::g_timeline, out);
-}
-#endif
 
 }  // namespace sparsemla::cuda_generic

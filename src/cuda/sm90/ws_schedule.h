@@ -1,4 +1,4 @@
-// src/cuda/generic/ws_schedule.h: which named barriers the two warp groups of the warp-specialised
+// src/cuda/sm90/ws_schedule.h: which named barriers the two warp groups of the warp-specialised
 // decode kernel (decode_partial_ws.cuh) take part in at tile i of a split of n tiles. Host and
 // device code: the kernel's loops call these, and tests/cpp/test_ws_schedule.cpp replays both
 // groups' barrier sequences for every n to prove that each barrier phase gets exactly one event of

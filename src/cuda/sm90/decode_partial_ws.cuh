@@ -1,6 +1,6 @@
-// src/cuda/generic/decode_partial_ws.cuh: the split-K partial kernel of the portable CUDA decode
+// src/cuda/sm90/decode_partial_ws.cuh: the split-K partial kernel of the portable CUDA decode
 // for 64-head CTAs on devices with >= 206 KiB of shared memory per block (H100 / H200 / B200),
-// warp-specialised; included by decode_generic.cu only. Same math, same per-score summation order
+// warp-specialised; included by decode_ws.cu only. Same math, same per-score summation order
 // and the same outputs (bit for bit) as decode_partial.cuh at HB = 4.
 //
 // One CTA (384 threads, 12 warps) owns one query row t, one split s and 64 heads:
@@ -33,7 +33,7 @@
 
 #include "cuda/common/timeline.cuh"
 #include "cuda/generic/decode_partial.cuh"
-#include "cuda/generic/ws_schedule.h"
+#include "cuda/sm90/ws_schedule.h"
 
 namespace sparsemla::cuda_generic::partial_ws {
 
