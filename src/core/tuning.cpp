@@ -9,12 +9,17 @@
 namespace sparsemla::core {
 namespace {
 
-const char* env(const char* name) {
-  const char* s = std::getenv(name);
-  return s != nullptr && s[0] != '\0' ? s : nullptr;
+const char* process_env(const char* name) {
+  return std::getenv(name);
 }
 
-Tuning read_tuning() {
+}  // namespace
+
+Tuning parse_tuning(const char* (*lookup)(const char* name)) {
+  const auto env = [lookup](const char* name) -> const char* {
+    const char* s = lookup(name);
+    return s != nullptr && s[0] != '\0' ? s : nullptr;
+  };
   Tuning t;
   if (const char* s = env("SPARSEMLA_GENERIC_WS")) {
     const std::string v(s);
@@ -37,10 +42,8 @@ Tuning read_tuning() {
   return t;
 }
 
-}  // namespace
-
 const Tuning& tuning() {
-  static const Tuning t = read_tuning();
+  static const Tuning t = parse_tuning(process_env);
   return t;
 }
 

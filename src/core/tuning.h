@@ -36,4 +36,7 @@ struct Tuning {
 // when a value is malformed).
 const Tuning& tuning();
 
+// The parse behind tuning(): env(name) is the variable's value or null (tests pass their own).
+Tuning parse_tuning(const char* (*env)(const char* name));
+
 }  // namespace sparsemla::core
