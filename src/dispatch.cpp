@@ -410,10 +410,10 @@ bool decode_is_supported(const DecodeParams& p, const char** why) {
 // Every check is made before anything runs: shapes, pointers and strides, the plan against the
 // call; on the CPU also the host lists and positions (device lists are never read on the host:
 // the kernels clamp every row).
-void sparse_decode(const DecodeParams& p, const DecodePlan& plan, void* workspace,
-                   size_t workspace_bytes) {
-  core::validate_decode(kDecodeOp, p);
-  check_plan_matches(plan, decode_shape(p));
+namespace {
+// The checks that remain once p is validated and the plan is known to be p's, then the backend.
+void run_planned(const DecodeParams& p, const DecodePlan& plan, void* workspace,
+                 size_t workspace_bytes) {
   check_plan_fields(plan);
   if (plan.path == Path::Cpu) core::validate_decode_host_data(kDecodeOp, p);
   check_workspace(plan, workspace, workspace_bytes);
@@ -424,10 +424,19 @@ void sparse_decode(const DecodeParams& p, const DecodePlan& plan, void* workspac
 #endif
   cpu::sparse_decode(p, plan, workspace);
 }
+}  // namespace
 
+void sparse_decode(const DecodeParams& p, const DecodePlan& plan, void* workspace,
+                   size_t workspace_bytes) {
+  core::validate_decode(kDecodeOp, p);
+  check_plan_matches(plan, decode_shape(p));
+  run_planned(p, plan, workspace, workspace_bytes);
+}
+
+// Planned here from the call's own shape: validated and placed once (no second shape check).
 void sparse_decode(const DecodeParams& p, void* workspace, size_t workspace_bytes) {
   core::validate_decode(kDecodeOp, p);
-  sparse_decode(p, plan_for(decode_shape(p), {kDecodeOp, ""}), workspace, workspace_bytes);
+  run_planned(p, plan_for(decode_shape(p), {kDecodeOp, ""}), workspace, workspace_bytes);
 }
 
 void inverse_rope_inplace(bf16_bits* x, int64_t num_tokens, int32_t num_heads, int64_t stride_token,

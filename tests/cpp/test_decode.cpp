@@ -717,21 +717,7 @@ TEST(DecodeRuleCpu, PlantedBugsFailTheRuleAtModelMagnitudes) {
     expect_kernel_matches_reference(c, fast, ref);  // the output is correct
     const VerifyResult ok = verify_run(c, fast, ref);
     EXPECT_TRUE(ok.passed) << ok.summary();
-    for (const PlantedBug& bug : bugs) {
-      SCOPED_TRACE(bug.name);
-      const VerifyResult v = verify_run(c, fast, bug.ref);
-      const Verdict f = compare_with_reference(c, fast, bug.ref, /*check_lse=*/false);
-      if (bug.asserted) {
-        EXPECT_FALSE(v.passed) << v.summary();
-        EXPECT_FALSE(f.passed()) << f.describe();
-      }
-      std::printf(
-          "[ planted bug ] CPU S=%d %-19s (mass %.2f/640): cos diff %.3g (correct %.3g, limit "
-          "%.0e), max err/bound %.3g (correct %.3g), %lld elements outside -> caught by %s\n",
-          split, bug.name.c_str(), bug.mass, v.cosine_diff, ok.cosine_diff, kVerifyCosineTol,
-          v.max_bound_ratio, ok.max_bound_ratio, static_cast<long long>(v.tolerance_failures),
-          caught_by(v));
-    }
+    expect_planted_bugs_caught(c, fast, ok, bugs, "CPU", split);
   }
 }
 

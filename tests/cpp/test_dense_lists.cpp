@@ -23,35 +23,13 @@ using sparsemla::test::DenseLengths;
 using sparsemla::test::DenseList;
 namespace {
 
-struct Outputs {
-  std::vector<bf16_bits> out;
-  std::vector<float> lse;
-};
-
-Outputs decode_with(const DecodeCase& c, const IndexList& main, const IndexList* extra,
-                    int32_t splits) {
-  Outputs r;
-  r.out.assign(c.out_elems(), kPoisonBf16);
-  r.lse.assign(c.lse_elems(), nan_f32());
-  DecodeParams p = c.params(r.out.data(), r.lse.data());
-  p.main_list = main;
-  if (extra != nullptr) p.extra_list = *extra;
-  p.num_splits = splits;
-  const DecodePlan plan = plan_decode(p);
-  std::vector<float> ws(plan.workspace_bytes / sizeof(float) + 1, nan_f32());
-  sparse_decode(p, plan, ws.data(), plan.workspace_bytes);
-  return r;
-}
-
-void expect_same_bits(const Outputs& a, const Outputs& b) {
-  ASSERT_EQ(a.out.size(), b.out.size());
-  int64_t out_diff = 0, lse_diff = 0;
-  for (size_t i = 0; i < a.out.size(); ++i) out_diff += a.out[i] != b.out[i];
-  for (size_t i = 0; i < a.lse.size(); ++i) {
-    lse_diff += std::memcmp(&a.lse[i], &b.lse[i], sizeof(float)) != 0;
-  }
-  EXPECT_EQ(out_diff, 0) << "out elements that differ";
-  EXPECT_EQ(lse_diff, 0) << "lse elements that differ";
+// The fixture's poisoned fast run (padding checked) with the given lists.
+FastRun run_with_lists(const DecodeCase& c, const IndexList& main, const IndexList& extra,
+                       int32_t splits) {
+  return run_fast(c, splits, [&](DecodeParams& p) {
+    p.main_list = main;
+    p.extra_list = extra;
+  });
 }
 
 // Model data (CONTRACT 9.9) on pages of bs rows padded to a multiple of 576 bytes as engines do.
@@ -88,10 +66,8 @@ TEST_P(DenseListsCpu, SameBitsAsTheRaggedListTheBuilderMakes) {
   const BuiltRagged rm = ragged_from_dense(dm, T, n_main), re = ragged_from_dense(de, T, n_extra);
   for (const int32_t splits : {1, 3}) {
     SCOPED_TRACE("S = " + std::to_string(splits));
-    const IndexList dense_extra = de.host_view(), ragged_extra = re.host_view();
-    const Outputs dense = decode_with(c, dm.host_view(), &dense_extra, splits);
-    const Outputs ragged = decode_with(c, rm.host_view(), &ragged_extra, splits);
-    expect_same_bits(dense, ragged);
+    expect_same_bits(c, run_with_lists(c, dm.host_view(), de.host_view(), splits),
+                     run_with_lists(c, rm.host_view(), re.host_view(), splits));
   }
 }
 

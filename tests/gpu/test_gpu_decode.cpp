@@ -1252,22 +1252,8 @@ TEST_P(GpuDecode, PlantedBugsFailTheRuleAtModelMagnitudes) {
     expect_matches(c, run, ref);  // the output is correct
     const VerifyResult ok = decode::verify_run(c, run.host, ref);
     EXPECT_TRUE(ok.passed) << ok.summary();
-    for (const decode::PlantedBug& bug : bugs) {
-      SCOPED_TRACE(bug.name);
-      const VerifyResult v = decode::verify_run(c, run.host, bug.ref);
-      const decode::Verdict f =
-          decode::compare_with_reference(c, run.host, bug.ref, /*check_lse=*/false);
-      if (bug.asserted) {
-        EXPECT_FALSE(v.passed) << v.summary();
-        EXPECT_FALSE(f.passed()) << f.describe();
-      }
-      std::printf(
-          "[ planted bug ] %s S=%d %-19s (mass %.2f/640): cos diff %.3g (correct %.3g, limit "
-          "%.0e), max err/bound %.3g (correct %.3g), %lld elements outside -> caught by %s\n",
-          g_path == Path::CudaSm90 ? "sm90" : "generic", split, bug.name.c_str(), bug.mass,
-          v.cosine_diff, ok.cosine_diff, kVerifyCosineTol, v.max_bound_ratio, ok.max_bound_ratio,
-          static_cast<long long>(v.tolerance_failures), decode::caught_by(v));
-    }
+    decode::expect_planted_bugs_caught(c, run.host, ok, bugs,
+                                       g_path == Path::CudaSm90 ? "sm90" : "generic", split);
   }
 }
 
@@ -1333,15 +1319,6 @@ CaseSpec dense_case(int64_t T, int32_t H) {
   return s;
 }
 
-void expect_same_bits(const FastRun& a, const FastRun& b) {
-  int64_t out_diff = 0, lse_diff = 0;
-  for (size_t i = 0; i < a.out.size(); ++i) out_diff += a.out[i] != b.out[i];
-  for (size_t i = 0; i < a.lse.size(); ++i)
-    lse_diff += float_bits(a.lse[i]) != float_bits(b.lse[i]);
-  EXPECT_EQ(out_diff, 0) << "out elements that differ";
-  EXPECT_EQ(lse_diff, 0) << "lse elements that differ";
-}
-
 // FlashMLA's dense lists read directly give the bits of the builder's ragged lists: -1 padding,
 // per-row and per-request lengths (s_q = 2), lengths outside [0, W], out-of-range entries.
 TEST_P(GpuDecode, DenseListsSameBitsAsTheBuildersRaggedLists) {
@@ -1373,7 +1350,7 @@ TEST_P(GpuDecode, DenseListsSameBitsAsTheBuildersRaggedLists) {
           p.main_list = rm.view(drm.indices.as<int32_t>(), drm.indptr.as<int32_t>());
           p.extra_list = re.view(dre.indices.as<int32_t>(), dre.indptr.as<int32_t>());
         });
-        expect_same_bits(dense.host, ragged.host);
+        decode::expect_same_bits(c, dense.host, ragged.host);
       }
     }
   }
@@ -1424,7 +1401,7 @@ TEST_P(GpuDecode, PlanInGraphReplaysWithChangingDenseLengths) {
       q.main_list = ddm.view(dm);
       q.extra_list = dde.view(de);
     });
-    expect_same_bits(replayed, fresh.host);
+    decode::expect_same_bits(c, replayed, fresh.host);
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);

@@ -98,18 +98,11 @@ DecodeKernelParams decode_kernel_params(const DecodeParams& p, const DecodePlan&
   return k;
 }
 
-void check_decode_launch(const DecodeParams& p, const DecodePlan& plan, const void* workspace) {
-  constexpr const char* kOp = "sparse_decode";
-  const int32_t num_splits = plan.num_splits;
-  SPARSEMLA_CHECK_ARG(p.num_tokens <= INT32_MAX, kOp, "num_tokens", "<= 2^31-1 on the CUDA path",
-                      p.num_tokens);
-  SPARSEMLA_CHECK_ARG(num_splits >= 1 && num_splits <= 65535, kOp, "num_splits", "in [1, 65535]",
-                      num_splits);
-  if (plan.workspace_bytes > 0) {
-    SPARSEMLA_CHECK_PTR(workspace, kOp, "workspace");
-    SPARSEMLA_CHECK_ARG(aligned(workspace, 8), kOp, "workspace", "an 8-byte aligned pointer",
-                        workspace);
-  }
+// The plan's fields and the workspace were checked by dispatch (check_plan_fields,
+// check_workspace); what is left is the grid's row count.
+void check_decode_launch(const DecodeParams& p) {
+  SPARSEMLA_CHECK_ARG(p.num_tokens <= INT32_MAX, "sparse_decode", "num_tokens",
+                      "<= 2^31-1 on the CUDA path", p.num_tokens);
 }
 
 }  // namespace sparsemla::cuda

@@ -48,8 +48,8 @@ struct DecodeKernelParams {
 DecodeKernelParams decode_kernel_params(const DecodeParams& p, const DecodePlan& plan,
                                         void* workspace, bool specialised);
 
-// The checks every CUDA decode launch makes (grid limits, the workspace pointer when S > 1).
-void check_decode_launch(const DecodeParams& p, const DecodePlan& plan, const void* workspace);
+// The check every CUDA decode launch makes beyond dispatch's: T fits the grid.
+void check_decode_launch(const DecodeParams& p);
 
 // The combine kernel over the workspace partials (S > 1), with programmatic dependent launch on
 // sm_90+ (it waits for the preceding partial kernel in griddepcontrol.wait).

@@ -34,14 +34,10 @@ namespace sparsemla::cuda_generic {
 
 namespace {
 
-using cuda::DeviceCache;
-using cuda::DeviceList;
 using cuda::FinishParams;
-using cuda::kNoScore;
 using partial::Cfg;
 using partial::PartialParams;
 
-constexpr int kDim = Fp8DsMla::kHeadDim;  // 512
 
 struct InverseRopeParams {
   __nv_bfloat16* x;
@@ -191,7 +187,7 @@ int32_t plan_head_blocks_per_cta(int64_t num_tokens, int32_t num_splits, int32_t
 void sparse_decode(const DecodeParams& p, const DecodePlan& plan, void* workspace) {
   if (p.num_tokens == 0) return;
   const int32_t num_splits = plan.num_splits;
-  cuda::check_decode_launch(p, plan, workspace);
+  cuda::check_decode_launch(p);
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   const LaunchFacts& facts = launch_facts();
   const PartialParams kp = cuda::decode_kernel_params(p, plan, workspace, false);

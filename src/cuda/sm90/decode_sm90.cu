@@ -1126,7 +1126,7 @@ bool plan_fused_combine(int64_t num_tokens, int32_t num_heads, int32_t num_split
 void sparse_decode(const DecodeParams& p, const DecodePlan& plan, void* workspace) {
   if (p.num_tokens == 0) return;
   const int32_t num_splits = plan.num_splits;
-  cuda::check_decode_launch(p, plan, workspace);
+  cuda::check_decode_launch(p);
   opt_in_once();
   Sm90Params k = cuda::decode_kernel_params(p, plan, workspace, /*specialised=*/true);
   // The producer's cp.async.bulk needs 16-byte aligned rows (the architecture gate routes other

@@ -820,6 +820,29 @@ inline const char* caught_by(const VerifyResult& v) {
   return cos ? (el ? "both rules" : "the cosine rule") : (el ? "the element rule" : "NOTHING");
 }
 
+// The planted-bug check of the CPU and GPU suites: `run` (a correct output, whose verification
+// `ok` passed) against each bug's perturbed reference must fail verify_decode_output and the
+// fixture's comparison alike where the bug is asserted; every bug is reported (`label`: the path).
+inline void expect_planted_bugs_caught(const DecodeCase& c, const FastRun& run,
+                                       const VerifyResult& ok, const std::vector<PlantedBug>& bugs,
+                                       const char* label, int32_t split) {
+  for (const PlantedBug& bug : bugs) {
+    SCOPED_TRACE(bug.name);
+    const VerifyResult v = verify_run(c, run, bug.ref);
+    const Verdict f = compare_with_reference(c, run, bug.ref, /*check_lse=*/false);
+    if (bug.asserted) {
+      EXPECT_FALSE(v.passed) << v.summary();
+      EXPECT_FALSE(f.passed()) << f.describe();
+    }
+    std::printf(
+        "[ planted bug ] %s S=%d %-19s (mass %.2f/640): cos diff %.3g (correct %.3g, limit "
+        "%.0e), max err/bound %.3g (correct %.3g), %lld elements outside -> caught by %s\n",
+        label, split, bug.name.c_str(), bug.mass, v.cosine_diff, ok.cosine_diff, kVerifyCosineTol,
+        v.max_bound_ratio, ok.max_bound_ratio, static_cast<long long>(v.tolerance_failures),
+        caught_by(v));
+  }
+}
+
 // Outputs of two fast runs are bit-identical (rows only).
 inline void expect_same_bits(const DecodeCase& c, const FastRun& a, const FastRun& b) {
   for (int64_t t = 0; t < c.T; ++t) {
