@@ -119,7 +119,9 @@ bool decode_is_supported(const DecodeParams& p, const char** why = nullptr);
 
 // Runs the decode with a plan made for the call's shape (the same T, H, list widths, placement
 // and options; otherwise a clear error). workspace: >= plan.workspace_bytes, may be null when
-// that is 0. No host synchronisation, allocation or pageable copy; everything on p.stream.
+// that is 0; its contents need no clearing between calls (compute-sanitizer initcheck users: fill
+// it once after allocating, docs/RELIABILITY.md 3). No host synchronisation, allocation or
+// pageable copy; everything on p.stream.
 void sparse_decode(const DecodeParams& p, const DecodePlan& plan, void* workspace,
                    size_t workspace_bytes);
 // The same, planning inside the call: sparse_decode(p, plan_decode(p), workspace, bytes).

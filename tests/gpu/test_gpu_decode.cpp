@@ -1357,8 +1357,11 @@ TEST_P(GpuDecode, DenseListsSameBitsAsTheBuildersRaggedLists) {
 }
 
 // One plan, captured once in a CUDA graph, replayed while the device lengths change (as an engine's
-// per-step topk_length does): every replay equals a fresh, separately planned call.
-TEST_P(GpuDecode, PlanInGraphReplaysWithChangingDenseLengths) {
+// per-step topk_length does; CONTRACT 4.5): every replay equals a fresh, separately planned call
+// bit for bit. The workspace starts as NaN (0xFF) and is never cleared, so a partial the combine
+// should skip but reads would leak NaN. ws_offset 8: the sm90 path's partials leave through
+// per-thread stores instead of the bulk copies it uses on a 16-byte-aligned workspace.
+void expect_graph_replays_match_fresh_calls(size_t ws_offset) {
   const uint64_t seed = fresh_seed();
   SPARSEMLA_SEED_TRACE(seed);
   Rng rng(seed);
@@ -1378,13 +1381,16 @@ TEST_P(GpuDecode, PlanInGraphReplaysWithChangingDenseLengths) {
   p.extra_list = dde.view(de);
   p.stream = stream;
   const DecodePlan plan = plan_decode(p);
-  DeviceBuffer ws(plan.workspace_bytes);
-  sparse_decode(p, plan, ws.get(), plan.workspace_bytes);  // warm-up outside the capture
+  ASSERT_GT(plan.num_splits, 1) << "the case must exercise the partials and the combine";
+  DeviceBuffer ws_buf(plan.workspace_bytes + ws_offset);
+  ws_buf.fill(0xFF);
+  void* ws = ws_buf.as<uint8_t>(ws_offset);
+  sparse_decode(p, plan, ws, plan.workspace_bytes);  // warm-up outside the capture
   cuda_ok(cudaStreamSynchronize(stream), "warm-up");
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
-  sparse_decode(p, plan, ws.get(), plan.workspace_bytes);
+  sparse_decode(p, plan, ws, plan.workspace_bytes);
   cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture");
   cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
   for (int step = 0; step < 3; ++step) {
@@ -1408,6 +1414,14 @@ TEST_P(GpuDecode, PlanInGraphReplaysWithChangingDenseLengths) {
   cudaStreamDestroy(stream);
 }
 
+TEST_P(GpuDecode, PlanInGraphReplaysWithChangingDenseLengths) {
+  expect_graph_replays_match_fresh_calls(0);
+}
+
+TEST_P(GpuDecode, PlanInGraphReplaysWithChangingDenseLengthsUnalignedWorkspace) {
+  expect_graph_replays_match_fresh_calls(8);
+}
+
 // FlashMLA's lse layout [b, h, s_q] written directly by the kernels (lse_group = s_q): the values
 // of the contiguous [T, H] layout, nothing written past the groups; one split and several.
 TEST_P(GpuDecode, LseGroupsWriteFlashMlaLayoutInPlace) {
@@ -1429,6 +1443,7 @@ TEST_P(GpuDecode, LseGroupsWriteFlashMlaLayoutInPlace) {
       p.lse_stride_token = H;
       const DecodePlan plan = plan_decode(p);
       DeviceBuffer ws(plan.workspace_bytes);
+      ws.fill(0xFF);  // stale NaN, as a reused workspace may hold (CONTRACT 4.5)
       sparse_decode(p, plan, ws.get(), plan.workspace_bytes);
       p.lse = lse_grouped.as<float>();
       p.lse_group = kSq;
