@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include <fuzzer/FuzzedDataProvider.h>
+
 #include "sparsemla/error.h"
 
 namespace sparsemla::fuzz {
@@ -36,30 +38,26 @@ class Broken : public std::logic_error {
                                       ": " + (what));                                          \
   } while (0)
 
-// The reader of the fuzzer's bytes.
+// The reader of the fuzzer's bytes: LLVM's FuzzedDataProvider underneath (its header ships with
+// clang's libFuzzer runtime, libclang-rt-<N>-dev), plus the value distributions the targets share.
+// Its exhausted input reads as the low end of every range (false, 0, lo).
 class Input {
  public:
-  Input(const uint8_t* data, size_t size) : p_(data), end_(data + size) {}
+  Input(const uint8_t* data, size_t size) : fdp_(data, size) {}
 
-  uint8_t u8() { return p_ < end_ ? *p_++ : 0; }
+  uint8_t u8() { return fdp_.ConsumeIntegral<uint8_t>(); }
+  // n (1..8) bytes of raw bits.
   uint64_t bytes(int n) {
-    uint64_t v = 0;
-    for (int i = 0; i < n; ++i) v |= uint64_t{u8()} << (8 * i);
-    return v;
+    const uint64_t max = n >= 8 ? UINT64_MAX : (uint64_t{1} << (8 * n)) - 1;
+    return fdp_.ConsumeIntegralInRange<uint64_t>(0, max);
   }
-  bool flag() { return (u8() & 1) != 0; }
-  // True with probability ~1/n (false on an exhausted input).
-  bool one_in(int n) { return u8() % n == static_cast<unsigned>(n - 1); }
+  bool flag() { return fdp_.ConsumeBool(); }
+  // True with probability ~1/n (false on an exhausted input when n > 1).
+  bool one_in(int n) { return n <= 1 || fdp_.ConsumeIntegralInRange<int>(0, n - 1) == n - 1; }
 
-  // An integer in [lo, hi] (lo on an exhausted input); reads as few bytes as the span needs.
+  // An integer in [lo, hi] (lo on an exhausted input).
   int64_t range(int64_t lo, int64_t hi) {
-    if (hi <= lo) return lo;
-    const uint64_t span = static_cast<uint64_t>(hi) - static_cast<uint64_t>(lo);
-    int n = 1;
-    while (n < 8 && (span >> (8 * n)) != 0) ++n;
-    const uint64_t v = bytes(n);
-    return static_cast<int64_t>(static_cast<uint64_t>(lo) +
-                                (span == UINT64_MAX ? v : v % (span + 1)));
+    return hi <= lo ? lo : fdp_.ConsumeIntegralInRange<int64_t>(lo, hi);
   }
 
   // Mostly in [lo, hi]; sometimes just outside it, an extreme, or raw bits: garbage data (slots,
@@ -104,8 +102,7 @@ class Input {
   }
 
  private:
-  const uint8_t* p_;
-  const uint8_t* end_;
+  FuzzedDataProvider fdp_;
 };
 
 // Bulk data (cache pages, queries) from a seed the input chooses: splitmix64.

@@ -13,6 +13,10 @@ int run_gather(const uint8_t* data, size_t size);
 int run_decode(const uint8_t* data, size_t size);
 int run_dequantize_row(const uint8_t* data, size_t size);
 int run_window_writer(const uint8_t* data, size_t size);
+int run_state_writer(const uint8_t* data, size_t size);
+int run_compress(const uint8_t* data, size_t size);
+int run_compress_indexer(const uint8_t* data, size_t size);
+int run_inverse_rope(const uint8_t* data, size_t size);
 
 }  // namespace sparsemla::fuzz
 

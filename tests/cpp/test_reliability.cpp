@@ -51,6 +51,10 @@ const FuzzTarget kTargets[] = {
     {"fuzz_decode", fuzz::run_decode},
     {"fuzz_dequantize_row", fuzz::run_dequantize_row},
     {"fuzz_window_writer", fuzz::run_window_writer},
+    {"fuzz_state_writer", fuzz::run_state_writer},
+    {"fuzz_compress", fuzz::run_compress},
+    {"fuzz_compress_indexer", fuzz::run_compress_indexer},
+    {"fuzz_inverse_rope", fuzz::run_inverse_rope},
 };
 
 // Runs one input; a broken property (fuzz::Broken) or any other escaping exception fails.
@@ -97,7 +101,10 @@ TEST(FuzzCorpus, FreshRandomInputsRunCleanly) {
   SPARSEMLA_SEED_TRACE(seed);
   Rng rng(seed);
   for (const FuzzTarget& t : kTargets) {
-    const int n = std::string(t.name) == "fuzz_decode" ? 150 : 400;
+    // The decode and the compressors (ratio-128 windows pool 128 state rows) cost the most per
+    // input.
+    const std::string name = t.name;
+    const int n = name == "fuzz_decode" ? 150 : name.rfind("fuzz_compress", 0) == 0 ? 60 : 400;
     for (int i = 0; i < n; ++i) {
       const auto bytes = random_bytes(rng, static_cast<size_t>(rng.randint(0, 400)));
       run_input(t, bytes, "random input " + std::to_string(i));
