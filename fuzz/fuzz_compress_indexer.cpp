@@ -1,7 +1,7 @@
 // Fuzz target: the indexer compressor (CONTRACT 3.2, last paragraph; ratio 4, head 128, the
 // NORMAL layout of CONTRACT 2.2), with the inputs and properties of fuzz/fuzz_compressor_common.h;
-// a SHUFFLE-layout destination is rejected; in sanitising mode each stored scale is a finite
-// power of two.
+// a SHUFFLE-layout destination is rejected; in sanitising mode a stored row holds no NaN byte and
+// its scale is a power of two (+inf for a row that held +-inf, CONTRACT 2.3).
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -39,9 +39,9 @@ void check_sanitised_row(const std::vector<uint8_t>& cache, const IndexerGeometr
   }
   float scale;
   std::memcpy(&scale, cache.data() + g.scale_offset(slot), 4);
-  int exp = 0;
-  SPARSEMLA_FUZZ_CHECK(std::isfinite(scale) && scale > 0.0f && std::frexp(scale, &exp) == 0.5f,
-                       "scale not a finite power of two" + at);
+  int exp = 0;  // 2^e, not clamped: +inf for a row that held +-inf (CONTRACT 2.3)
+  const bool power_of_two = std::isinf(scale) || std::frexp(scale, &exp) == 0.5f;
+  SPARSEMLA_FUZZ_CHECK(scale > 0.0f && power_of_two, "scale not 2^e or +inf" + at);
 }
 
 }  // namespace

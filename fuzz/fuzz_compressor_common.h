@@ -74,17 +74,21 @@ inline CompressorCase make_compressor_case(Input& in, Bulk& bulk, int32_t ratio,
   const int64_t max_pos = 3 * int64_t{ratio} - 1;
   c.table_width = static_cast<int32_t>(max_pos / state_bs + 1 - (in.one_in(8) ? 1 : 0));
   c.table_stride = c.table_width + in.range(0, 2);
-  const int64_t state_blocks = in.range(1, 2 * c.table_width);
+  const int64_t state_blocks = in.range(1, c.table_width + 1);
   c.block_table.resize(static_cast<size_t>(c.num_requests * c.table_stride));
   for (auto& b : c.block_table) b = in.int32_like(0, state_blocks - 1);
   const int64_t row_stride = 2 * c.state_width() + in.range(0, 2);
   c.state.resize(static_cast<size_t>(state_blocks * state_bs * row_stride));
-  for (auto& v : c.state) v = static_cast<float>(bulk.normal() * (in.one_in(16) ? 1e30 : 2.0));
+  const double magnitude = in.one_in(16) ? 1e30 : 2.0;  // sometimes near fp32 overflow
+  for (auto& v : c.state) v = static_cast<float>(bulk.unit() * magnitude);
   if (in.one_in(8) && !c.state.empty()) c.state[bulk.next() % c.state.size()] = in.f32_like();
   c.state_view = {c.state.data(), state_blocks, state_bs, state_bs * row_stride, row_stride};
   c.norm_weight.resize(static_cast<size_t>(head_dim));
-  for (auto& w : c.norm_weight)
-    w = in.one_in(32) ? in.f32_like() : 1.0f + 0.1f * float(bulk.unit());
+  const bool odd_weights = in.one_in(16);  // a few NaN, inf, zero or huge norm weights
+  for (auto& w : c.norm_weight) {
+    w = odd_weights && bulk.next() % 8 == 0 ? in.f32_like()
+                                            : 1.0f + 0.1f * static_cast<float>(bulk.unit());
+  }
   const int64_t rope_rows = in.one_in(8) ? in.range(1, max_pos) : max_pos + 1;
   c.rope_table.resize(static_cast<size_t>(rope_rows * 64));
   for (auto& v : c.rope_table) v = static_cast<float>(bulk.unit());
