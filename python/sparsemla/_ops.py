@@ -29,6 +29,7 @@ import sys
 import numpy as np
 
 from . import _C
+from . import _checks as _ck
 
 Error = _C.Error
 BYTES_PER_TOKEN = _C.BYTES_PER_TOKEN  # fp8_ds_mla: 448 e4m3 + 64 bf16 + 8 scale bytes
@@ -66,6 +67,8 @@ def _dl(name, x):
     """What _C receives for argument `name`: numpy arrays as they are; torch CUDA tensors as DLPack
     capsules exported with stream=-1 (no stream synchronisation: torch's default __dlpack__() makes
     the default stream wait on the current one, which breaks CUDA-graph capture)."""
+    if _ck.is_numpy_bf16(x):  # ml_dtypes.bfloat16: the same bytes as uint16 bf16 bits
+        return x.view(np.uint16)
     if x is None or isinstance(x, np.ndarray):
         return x
     if _is_tensor(x):
@@ -114,8 +117,17 @@ def _zeros(like, shape, dtype):
     return np.zeros(shape, dtype=_NP_DTYPES[dtype])
 
 
-def _bs(block_size):
-    return 0 if block_size is None else int(block_size)
+def _bs(op, block_size, name="block_size"):
+    """The page size the extension takes: 0 for None (from the cache's shape[1])."""
+    return _ck.block_size(op, name, block_size)
+
+
+def _arrays(op, required=(), optional=(), written=(), optional_written=()):
+    """Checks each (name, array[, ndim]) of a call before any of them is read (see _checks)."""
+    for group, opt, wr in ((required, False, False), (optional, True, False),
+                           (written, False, True), (optional_written, True, True)):
+        for name, x, *ndim in group:
+            _ck.array(op, name, x, ndim=ndim[0] if ndim else None, optional=opt, writable=wr)
 
 
 # ---- bf16 helpers (numpy) --------------------------------------------------------------------------
@@ -144,6 +156,9 @@ def quantize(x, *, block=64, sanitise=True):
     Returns ``(bytes, codes)``: uint8 ``[..., D]`` e4m3 bytes and uint8 ``[..., D/block]`` UE8M0
     codes. The fp8_ds_mla NoPE part uses block=64 over its 448 dims.
     """
+    _arrays("quantize", required=[("x", x, tuple(range(1, 33)))])
+    block = _ck.integer("quantize", "block", block, 1, _ck.I64_MAX)
+    sanitise = _ck.flag("quantize", "sanitise", sanitise)
     shape = tuple(x.shape)
     d = shape[-1]
     x2 = x.reshape(-1, d)
@@ -160,6 +175,7 @@ def quantize_indexer(x):
     x: bf16 ``[N, 128]``. Returns ``(bytes, scale)``: uint8 ``[N, 128]`` e4m3 bytes and fp32 ``[N]``
     scales ``2^e`` (+inf for a row holding +-inf).
     """
+    _arrays("quantize_indexer", required=[("x", x, 2)])
     out_bytes = _empty(x, (x.shape[0], 128), "uint8")
     out_scale = _empty(x, (x.shape[0],), "float32")
     _C.quantize_indexer(_dl("x", x), _dl("out_bytes", out_bytes), _dl("out_scale", out_scale))
@@ -174,10 +190,12 @@ def dequantize_rows(cache, slots, *, block_size=None, scrub=True, out=None):
     does for the window cache. Returns fp32 ``[N, 512]``: NoPE = e4m3 * 2^(code-127), RoPE = the
     stored bf16 values.
     """
+    op = "dequantize_rows"
+    _arrays(op, required=[("cache", cache), ("slots", slots, 1)], optional_written=[("out", out)])
+    bs, scrub = _bs(op, block_size), _ck.flag(op, "scrub", scrub)
     if out is None:
         out = _empty(slots, (slots.shape[0], 512), "float32")
-    _C.dequantize_rows(_dl("cache", cache), _bs(block_size), _dl("slots", slots), scrub,
-                       _dl("out", out))
+    _C.dequantize_rows(_dl("cache", cache), bs, _dl("slots", slots), scrub, _dl("out", out))
     return out
 
 
@@ -187,9 +205,12 @@ def dequantize_indexer_rows(cache, slots, *, block_size=None, layout="normal", o
     cache: uint8 paged indexer cache (132 bytes per token); slots: int64 ``[N]``;
     layout: ``"normal"`` or ``"shuffle"`` (CONTRACT 2.2).
     """
+    op = "dequantize_indexer_rows"
+    _arrays(op, required=[("cache", cache), ("slots", slots, 1)], optional_written=[("out", out)])
+    bs, layout = _bs(op, block_size), _ck.text(op, "layout", layout)
     if out is None:
         out = _empty(slots, (slots.shape[0], 128), "float32")
-    _C.dequantize_indexer_rows(_dl("cache", cache), _bs(block_size), layout, _dl("slots", slots),
+    _C.dequantize_indexer_rows(_dl("cache", cache), bs, layout, _dl("slots", slots),
                                _dl("out", out))
     return out
 
@@ -204,9 +225,18 @@ def build_rope_table(positions, layer="compressed", *, theta=10000.0, yarn=False
     with YaRN factor 16, original length 65536, beta 32/1: ratio-4 and ratio-128 layers) or
     ``"custom"`` (the keyword arguments). For torch: ``torch.from_numpy(table).cuda()``.
     """
-    out = np.empty((int(positions), 64), dtype=np.float32)
-    _C.build_rope_table(out, layer, theta, yarn, yarn_factor, yarn_original_len, yarn_beta_fast,
-                        yarn_beta_slow)
+    op = "build_rope_table"
+    rows = _ck.integer(op, "positions", positions, 0, _ck.I32_MAX)
+    layer = _ck.text(op, "layer", layer, ("window", "compressed", "custom"))
+    theta = _ck.real(op, "theta", theta, positive=True)
+    yarn = _ck.flag(op, "yarn", yarn)
+    yarn_factor = _ck.real(op, "yarn_factor", yarn_factor, positive=True)
+    yarn_original_len = _ck.integer(op, "yarn_original_len", yarn_original_len, 1)
+    beta_fast = _ck.real(op, "yarn_beta_fast", yarn_beta_fast)
+    beta_slow = _ck.real(op, "yarn_beta_slow", yarn_beta_slow)
+    out = np.empty((rows, 64), dtype=np.float32)
+    _C.build_rope_table(out, layer, theta, yarn, yarn_factor, yarn_original_len, beta_fast,
+                        beta_slow)
     return out
 
 
@@ -222,6 +252,9 @@ def inverse_rope(x, positions, rope, *, path="auto"):
     ``c, s = rope[positions[t]]`` in fp32, rounded once to bf16; NoPE dims untouched.
     positions: int64 ``[T]`` in ``[0, P)``; rope: fp32 ``[P, 64]``. Returns x.
     """
+    op = "inverse_rope_inplace"
+    _arrays(op, required=[("positions", positions), ("rope", rope)], written=[("x", x, 3)])
+    path = _ck.path(op, path)
     _dispatch("inverse_rope", _r_inverse_rope, x, (x, positions, rope, path))
     return x
 
@@ -244,7 +277,11 @@ def write_window(kv, positions, slots, rope, cache, *, block_size=None, sanitise
     stored as bf16. sanitise: codes clamped to 254 and NaN RoPE values stored as 0 (CONTRACT 5).
     Returns cache.
     """
-    args = (kv, positions, slots, rope, cache, _bs(block_size), bool(sanitise), path)
+    op = "write_window"
+    _arrays(op, required=[("kv", kv), ("positions", positions), ("slots", slots),
+                          ("rope", rope)], written=[("cache", cache)])
+    args = (kv, positions, slots, rope, cache, _bs(op, block_size),
+            _ck.flag(op, "sanitise", sanitise), _ck.path(op, path))
     _dispatch("write_window", _r_write_window, cache, args)
     return cache
 
@@ -267,9 +304,30 @@ def write_compressor_state(kv, score, positions, state_slots, state, *, ratio=4,
     ``[kv | score + ape[pos % ratio]]``; ape: fp32 ``[ratio, W]`` or None (already added).
     Returns state.
     """
-    args = (kv, score, ape, positions, state_slots, state, int(ratio), int(head_dim), path)
+    op = "write_compressor_state"
+    _arrays(op, required=[("kv", kv), ("score", score), ("positions", positions),
+                          ("state_slots", state_slots)], optional=[("ape", ape)],
+            written=[("state", state)])
+    args = (kv, score, ape, positions, state_slots, state,
+            _ck.integer(op, "ratio", ratio, 1, _ck.I32_MAX),
+            _ck.integer(op, "head_dim", head_dim, 1, _ck.I32_MAX), _ck.path(op, path))
     _dispatch("write_compressor_state", _r_write_compressor_state, state, args)
     return state
+
+
+def _compressor_arrays(op, positions, request_index, state_slots, out_slots, state_block_table,
+                       state, norm_weight, rope, cache, scratch):
+    _arrays(op, required=[("positions", positions, 1), ("request_index", request_index),
+                          ("state_slots", state_slots), ("out_slots", out_slots),
+                          ("state_block_table", state_block_table), ("state", state),
+                          ("norm_weight", norm_weight), ("rope", rope)],
+            written=[("cache", cache)], optional_written=[("scratch", scratch)])
+
+
+def _compressor_options(op, norm_eps, sanitise, two_stage, path):
+    """(norm_eps, sanitise, two_stage, path) of a compressor call, checked."""
+    return (_ck.real(op, "norm_eps", norm_eps), _ck.flag(op, "sanitise", sanitise),
+            _ck.flag(op, "two_stage", two_stage), _ck.path(op, path))
 
 
 def _r_compress(positions, request_index, state_slots, out_slots, state_block_table, state,
@@ -298,10 +356,16 @@ def compress(positions, request_index, state_slots, out_slots, state_block_table
     RoPE -> 0. two_stage (or scratch fp32 ``[N, 512]``): pooling into scratch, then finishing;
     byte-identical rows. Returns cache.
     """
+    op = "compress"
+    _compressor_arrays(op, positions, request_index, state_slots, out_slots, state_block_table,
+                       state, norm_weight, rope, cache, scratch)
+    ratio = _ck.integer(op, "ratio", ratio, 1, _ck.I32_MAX)
+    norm_eps, sanitise, two_stage, path = _compressor_options(op, norm_eps, sanitise, two_stage,
+                                                              path)
     if scratch is None and two_stage:
         scratch = _empty(positions, (positions.shape[0], 512), "float32")
     args = (positions, request_index, state_slots, out_slots, state_block_table, state, norm_weight,
-            rope, cache, _bs(block_size), int(ratio), float(norm_eps), bool(sanitise), scratch, path)
+            rope, cache, _bs(op, block_size), ratio, norm_eps, sanitise, scratch, path)
     _dispatch("compress", _r_compress, cache, args)
     return cache
 
@@ -325,10 +389,15 @@ def compress_indexer(positions, request_index, state_slots, out_slots, state_blo
     fp32 scale, into a uint8 paged indexer cache (132 bytes per token, NORMAL layout).
     scratch: fp32 ``[N, 128]`` for the two-stage form. Returns cache.
     """
+    op = "compress_indexer"
+    _compressor_arrays(op, positions, request_index, state_slots, out_slots, state_block_table,
+                       state, norm_weight, rope, cache, scratch)
+    norm_eps, sanitise, two_stage, path = _compressor_options(op, norm_eps, sanitise, two_stage,
+                                                              path)
     if scratch is None and two_stage:
         scratch = _empty(positions, (positions.shape[0], 128), "float32")
     args = (positions, request_index, state_slots, out_slots, state_block_table, state, norm_weight,
-            rope, cache, _bs(block_size), float(norm_eps), bool(sanitise), scratch, path)
+            rope, cache, _bs(op, block_size), norm_eps, sanitise, scratch, path)
     _dispatch("compress_indexer", _r_compress_indexer, cache, args)
     return cache
 
@@ -355,13 +424,18 @@ def gather_indexer_keys(token_to_seq, cu_seqlen, block_table, cache, *, block_si
     (allocated zero-filled when None). Invalid tokens write nothing; a valid token whose page is
     invalid gets scale 0 and an untouched value row. Returns ``(k_fp8, k_scale)``.
     """
+    op = "gather_indexer_keys"
+    _arrays(op, required=[("token_to_seq", token_to_seq, 1), ("cu_seqlen", cu_seqlen),
+                          ("block_table", block_table), ("cache", cache)],
+            optional_written=[("k_fp8", k_fp8), ("k_scale", k_scale)])
+    block_size = _bs(op, block_size)
+    layout, path = _ck.text(op, "layout", layout), _ck.path(op, path)
     n = token_to_seq.shape[0]
     if k_fp8 is None:
         k_fp8 = _zeros(token_to_seq, (n, 128), "uint8")
     if k_scale is None:
         k_scale = _zeros(token_to_seq, (n,), "float32")
-    args = (token_to_seq, cu_seqlen, block_table, cache, _bs(block_size), layout, k_fp8, k_scale,
-            path)
+    args = (token_to_seq, cu_seqlen, block_table, cache, block_size, layout, k_fp8, k_scale, path)
     _dispatch("gather_indexer_keys", _r_gather_indexer_keys, k_scale, args)
     return k_fp8, k_scale
 
@@ -372,7 +446,19 @@ def alloc_ragged(max_rows, width, like):
     indptr int32 [max_rows+1])`` in the library/device of ``like``. Builders rewrite them in place
     every step (pass ``out=(indices, indptr)`` and rows of the captured count; ``row_valid`` 0 for
     rows beyond the live batch), so their addresses never change."""
+    op = "alloc_ragged"
+    max_rows = _ck.integer(op, "max_rows", max_rows, 0, _ck.I32_MAX - 1)
+    width = _ck.integer(op, "width", width, 0, _ck.I32_MAX)
+    _ck.array(op, "like", like)
     return _empty(like, (max_rows * width,), "int32"), _empty(like, (max_rows + 1,), "int32")
+
+
+def _builder_arrays(op, main, request_index, block_table, row_valid, out, extra=()):
+    """Checks a builder's arrays: main = (name, array, ndim), the optional ones, out."""
+    required = [main] + ([("block_table", block_table)] if block_table is not None else [])
+    _arrays(op, required=required,
+            optional=[("request_index", request_index), ("row_valid", row_valid), *extra])
+    _ck.out_pair(op, out)
 
 
 def _outs(out, like, rows, width):
@@ -401,9 +487,14 @@ def build_ragged_from_dense(dense, lengths, *, request_index=None, num_slots=0, 
     0) or None. out: ``(indices int32 [>= R*W], indptr int32 [>= R+1])`` written in place, else
     allocated. Returns ``(indices, indptr)``; the planner width of the list is W.
     """
+    op = "build_ragged_from_dense"
+    _builder_arrays(op, ("dense", dense, 2), request_index, None, row_valid, out)
+    _ck.array(op, "lengths", lengths)
+    num_slots = _ck.integer(op, "num_slots", num_slots)
     r, w = dense.shape
     out_indices, out_indptr = _outs(out, dense, r, w)
-    args = (dense, lengths, request_index, int(num_slots), row_valid, out_indices, out_indptr, path)
+    args = (dense, lengths, request_index, num_slots, row_valid, out_indices, out_indptr,
+            _ck.path(op, path))
     _dispatch("build_ragged_from_dense", _r_build_ragged_from_dense, out_indptr, args)
     return out_indices, out_indptr
 
@@ -428,11 +519,15 @@ def build_window_lists(positions, block_table, block_size, *, request_index=None
     request_index: int32 ``[R]`` (None: row r is request r); width W (default window) >= window;
     row_valid, out as in :func:`build_ragged_from_dense`. Returns ``(indices, indptr)``.
     """
+    op = "build_window_lists"
+    _builder_arrays(op, ("positions", positions, 1), request_index, block_table, row_valid, out)
+    block_size = _ck.integer(op, "block_size", block_size, 1, _ck.I32_MAX)
+    window = _ck.integer(op, "window", window, 1, _ck.I32_MAX)
+    width = _ck.integer(op, "width", window if width is None else width, 0, _ck.I32_MAX)
     r = positions.shape[0]
-    width = int(window if width is None else width)
     out_indices, out_indptr = _outs(out, positions, r, width)
-    args = (positions, request_index, block_table, int(block_size), int(window), width, row_valid,
-            out_indices, out_indptr, path)
+    args = (positions, request_index, block_table, block_size, window, width, row_valid,
+            out_indices, out_indptr, _ck.path(op, path))
     _dispatch("build_window_lists", _r_build_window_lists, out_indptr, args)
     return out_indices, out_indptr
 
@@ -458,10 +553,14 @@ def build_topk_lists(topk, block_table, block_size, *, topk_length=None, request
     ``block_table[req][i // bs] * bs + i % bs``, entries of that prefix out of range -> -1.
     request_index, row_valid, out as in :func:`build_window_lists`. Returns ``(indices, indptr)``.
     """
+    op = "build_topk_lists"
+    _builder_arrays(op, ("topk", topk, 2), request_index, block_table, row_valid, out,
+                    extra=[("topk_length", topk_length)])
+    block_size = _ck.integer(op, "block_size", block_size, 1, _ck.I32_MAX)
     r, w = topk.shape
     out_indices, out_indptr = _outs(out, topk, r, w)
-    args = (topk, topk_length, request_index, block_table, int(block_size), row_valid, out_indices,
-            out_indptr, path)
+    args = (topk, topk_length, request_index, block_table, block_size, row_valid, out_indices,
+            out_indptr, _ck.path(op, path))
     _dispatch("build_topk_lists", _r_build_topk_lists, out_indptr, args)
     return out_indices, out_indptr
 
@@ -485,18 +584,25 @@ def build_compressed_all_lists(positions, block_table, block_size, max_compresse
     in :func:`build_topk_lists`. max_compressed: :func:`max_compressed_entries` (8192 at 1M
     context); width W (default max_compressed) >= max_compressed. Returns ``(indices, indptr)``.
     """
+    op = "build_compressed_all_lists"
+    _builder_arrays(op, ("positions", positions, 1), request_index, block_table, row_valid, out)
+    block_size = _ck.integer(op, "block_size", block_size, 1, _ck.I32_MAX)
+    ratio = _ck.integer(op, "ratio", ratio, 1, _ck.I32_MAX)
+    max_compressed = _ck.integer(op, "max_compressed", max_compressed, 0, _ck.I32_MAX)
+    width = _ck.integer(op, "width", max_compressed if width is None else width, 0, _ck.I32_MAX)
     r = positions.shape[0]
-    width = int(max_compressed if width is None else width)
     out_indices, out_indptr = _outs(out, positions, r, width)
-    args = (positions, request_index, block_table, int(block_size), int(ratio), int(max_compressed),
-            width, row_valid, out_indices, out_indptr, path)
+    args = (positions, request_index, block_table, block_size, ratio, max_compressed, width,
+            row_valid, out_indices, out_indptr, _ck.path(op, path))
     _dispatch("build_compressed_all_lists", _r_build_compressed_all_lists, out_indptr, args)
     return out_indices, out_indptr
 
 
 def max_compressed_entries(max_model_len, ratio=128):
     """``roundup(ceil(max_model_len / ratio), 128)``: the width W of ratio-128 lists."""
-    return _C.max_compressed_entries(int(max_model_len), int(ratio))
+    op = "max_compressed_entries"
+    return _C.max_compressed_entries(_ck.integer(op, "max_model_len", max_model_len),
+                                     _ck.integer(op, "ratio", ratio, 1, _ck.I32_MAX))
 
 
 # ---- planners and gates ----------------------------------------------------------------------------------
@@ -564,7 +670,8 @@ def select_gpu_path(cc_major, cc_minor, have_sm90a_kernels, caches_fast_aligned,
 # (the binding defines both lists), and every keyword of sparse_decode with its default.
 _DECODE_INPUTS = tuple(_C.DECODE_INPUTS)
 _DECODE_CONFIG = tuple(name for name, _ in _C.DECODE_CONFIG)
-_DECODE_KW = {**dict.fromkeys(_DECODE_INPUTS[4:]), **dict(_C.DECODE_CONFIG), "scale": None,
+_DECODE_KW = {**dict.fromkeys(_DECODE_INPUTS[4:]), **dict(_C.DECODE_CONFIG),
+              "main_block_size": None, "extra_block_size": None, "scale": None,
               "path": "auto", "plan": None, "out": None, "lse": None, "workspace": None,
               "return_lse": False}
 
@@ -612,8 +719,8 @@ def _cuda_available():
 def _device_ordinal(device):
     """-1 (host data) or the CUDA ordinal of "cpu", "cuda[:N]", a torch.device, an int, or an
     array / tensor (its device)."""
-    if isinstance(device, int):
-        return device
+    if isinstance(device, (int, np.integer)) and not isinstance(device, (bool, np.bool_)):
+        return _ck.integer("plan_decode", "device", device, -1, _ck.I32_MAX)
     text = str(getattr(device, "device", device))
     if text == "cpu" or text.startswith("cuda:"):
         return -1 if text == "cpu" else int(text[5:])
@@ -636,18 +743,51 @@ def plan_decode(num_tokens, num_heads, width_main, width_extra=0, *, has_extra=N
     ordinal or an array); caches_aligned: both caches' base and page stride 16-byte aligned (sm90
     needs it). path, num_splits, adaptive_splits, deterministic, num_sms: as for sparse_decode.
     """
-    has_extra = int(width_extra) > 0 if has_extra is None else bool(has_extra)
+    op, i = "plan_decode", _ck.integer
+    shape = (i(op, "num_tokens", num_tokens), i(op, "num_heads", num_heads, -_ck.I32_MAX - 1, _ck.I32_MAX),
+             i(op, "width_main", width_main), i(op, "width_extra", width_extra))
+    has_extra = shape[3] > 0 if has_extra is None else _ck.flag(op, "has_extra", has_extra)
     ordinal = _device_ordinal(device)
+    options = (_ck.flag(op, "caches_aligned", caches_aligned), _ck.path(op, path),
+               i(op, "num_splits", num_splits, 0, _MAX_SPLITS),
+               _ck.flag(op, "adaptive_splits", adaptive_splits),
+               _ck.flag(op, "deterministic", deterministic),
+               i(op, "num_sms", num_sms, 0, _ck.I32_MAX))
     guard = (_torch_mod().cuda.device(ordinal) if ordinal >= 0 and _cuda_available()
              else contextlib.nullcontext())
     with guard:  # the C++ planner plans for the current CUDA device
-        return DecodePlan(_C.plan_decode(int(num_tokens), int(num_heads), int(width_main),
-                                         int(width_extra), has_extra, ordinal,
-                                         bool(caches_aligned), path, int(num_splits),
-                                         bool(adaptive_splits), bool(deterministic), int(num_sms)))
+        return DecodePlan(_C.plan_decode(*shape, has_extra, ordinal, *options))
 
 
-def _decode_call(q, main_cache, main_indices, main_indptr, kw):
+_MAX_SPLITS = 32  # CONTRACT 4.4: S in 1..32, 0: the path's planner
+_DECODE_FLAGS = ("adaptive_splits", "deterministic", "extra_cache_sanitised", "kv_connector")
+
+
+def _decode_option(op, name, v):
+    """One integer option of a decode call (None: its default), checked (see _checks)."""
+    if v is None:
+        return dict(_C.DECODE_CONFIG)[name]
+    if name in _DECODE_FLAGS:
+        return int(_ck.flag(op, name, v))
+    if name.endswith("_block_size"):
+        return _ck.block_size(op, name, v)
+    if name.endswith("_rows_per_length"):
+        return _ck.integer(op, name, v, 1, _ck.I32_MAX)
+    if name == "num_splits":
+        return _ck.integer(op, name, v, 0, _MAX_SPLITS)
+    return _ck.integer(op, name, v, 0, _ck.I32_MAX if name == "num_sms" else _ck.I64_MAX)
+
+
+def _decode_arrays(op, inputs, k):
+    """Checks a decode call's arrays before any is read: q [T, H, 512], caches and lists present,
+    outputs writable."""
+    _arrays(op, required=[("q", inputs[0], 3), ("main_cache", inputs[1]),
+                          ("main_indices", inputs[2])],
+            optional=list(zip(_DECODE_INPUTS[3:], inputs[3:])),
+            optional_written=[(n, k[n]) for n in ("out", "lse", "workspace")])
+
+
+def _decode_call(q, main_cache, main_indices, main_indptr, kw, op="sparse_decode"):
     """(inputs, config, scale, path, plan, k) of a call: its arrays in _DECODE_INPUTS order, its
     integer options in _DECODE_CONFIG order, the plan's integers (or None) and every keyword."""
     for name in kw:
@@ -656,13 +796,30 @@ def _decode_call(q, main_cache, main_indices, main_indptr, kw):
     k = dict(_DECODE_KW)
     k.update(kw)
     inputs = [q, main_cache, main_indices, main_indptr] + [k[n] for n in _DECODE_INPUTS[4:]]
-    config = [0 if k[n] is None else int(k[n]) for n in _DECODE_CONFIG]
-    scale = DEFAULT_SCALE if k["scale"] is None else float(k["scale"])
+    _decode_arrays(op, inputs, k)
+    config = [_decode_option(op, n, k[n]) for n in _DECODE_CONFIG]
+    # Any finite scale is computed as written (<= 0 included); NaN / inf would only give NaN rows.
+    scale = DEFAULT_SCALE if k["scale"] is None else _ck.real(op, "scale", k["scale"])
+    k["return_lse"] = _ck.flag(op, "return_lse", k["return_lse"])
     plan = k["plan"]
     if plan is not None and not isinstance(plan, DecodePlan):
-        raise Error(f"sparsemla::sparse_decode: argument 'plan': expected a sparsemla.DecodePlan "
-                    f"(plan_decode), got {type(plan).__name__}")
-    return inputs, config, scale, k["path"], None if plan is None else list(plan.packed), k
+        _ck.fail(op, "plan", "a sparsemla.DecodePlan (plan_decode) or None", type(plan).__name__)
+    path = _ck.path(op, k["path"])
+    if plan is not None:
+        _options_unset_with_plan(op, config, path)
+    return inputs, config, scale, path, None if plan is None else list(plan.packed), k
+
+
+def _options_unset_with_plan(op, config, path):
+    """A plan holds the planning options: none of them may be given with it as well."""
+    defaults = dict(_C.DECODE_CONFIG)
+    for name in ("num_splits", "num_sms", "adaptive_splits", "deterministic"):
+        value = config[_DECODE_CONFIG.index(name)]
+        if value != defaults[name]:
+            _ck.fail(op, name, f"unset ({defaults[name]}) with a plan (the plan holds it)",
+                     str(value))
+    if path != "auto":
+        _ck.fail(op, "path", "'auto' with a plan (the plan holds the path)", repr(path))
 
 
 def _args(inputs, config, scale, path, plan):
@@ -732,10 +889,10 @@ def sparse_decode(q, main_cache, main_indices, main_indptr=None, **kwargs):
     return (out, lse) if want_lse else out
 
 
-def _query(q, main_cache, main_indices, main_indptr, kwargs):
+def _query(q, main_cache, main_indices, main_indptr, kwargs, op="sparse_decode"):
     """(_C.DecodeArgs, keywords) of a call that runs nothing (call it under _guard(q))."""
     inputs, config, scale, path, plan, k = _decode_call(q, main_cache, main_indices, main_indptr,
-                                                        kwargs)
+                                                        kwargs, op)
     return _args(inputs, config, scale, path, plan), k
 
 
@@ -756,7 +913,10 @@ def unsupported_reason(q, main_cache, main_indices, main_indptr=None, **kwargs):
     """Why :func:`sparse_decode` with these arguments would fail (the full validation message), or
     None when it is supported. Takes the arguments of sparse_decode; runs nothing."""
     with _guard(q):
-        a, k = _query(q, main_cache, main_indices, main_indptr, kwargs)
+        try:
+            a, k = _query(q, main_cache, main_indices, main_indptr, kwargs)
+        except Error as e:  # a bad value is a reason too; a wrong Python type still raises
+            return str(e)
         return _C.decode_unsupported(a, _dl("out", k["out"]), _dl("lse", k["lse"]))
 
 
@@ -775,7 +935,8 @@ def sparse_decode_reference(q, main_cache, main_indices, main_indptr=None, *,
     sum_i p_i`` over the row's valid keys (the keys' softmax, without the sink; on the dims rotated
     by a fused inverse RoPE, ``|c| A_a + |s| A_b`` of the pair), 0 for a row without keys."""
     kwargs = {k: v for k, v in kwargs.items() if k not in ("out", "lse", "workspace", "return_lse")}
-    a, _ = _query(q, main_cache, main_indices, main_indptr, kwargs)
+    return_abs_mean = _ck.flag("sparse_decode_reference", "return_abs_mean", return_abs_mean)
+    a, _ = _query(q, main_cache, main_indices, main_indptr, kwargs, op="sparse_decode_reference")
     t, h = q.shape[0], q.shape[1]
     out = np.zeros((t, h, 512), dtype=np.float64)
     lse = np.zeros((t, h), dtype=np.float64)
@@ -797,6 +958,7 @@ def verify_decode_output(out, ref, abs_mean):
         raise Error("sparsemla::verify_decode_output: argument 'abs_mean': expected the reference's "
                     "accuracy scale, float64 [T, H, 512] (sparse_decode_reference(..., "
                     "return_abs_mean=True)), got None")
+    _arrays("verify_decode_output", required=[("out", out), ("ref", ref), ("abs_mean", abs_mean)])
     return _C.verify_decode_output(_dl("out", out), _dl("ref", ref), _dl("abs_mean", abs_mean))
 
 

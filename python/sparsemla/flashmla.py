@@ -9,14 +9,17 @@ Semantics follow FlashMLA's sparse FP8 decode (CONTRACT 4.3a), with two relaxati
 and any top-k width are accepted. The dense ``indices`` and ``topk_length`` go to the decode as they
 are (dense lists, CONTRACT 4.6: no conversion kernel). ``get_mla_metadata`` returns the holder of a
 decode plan, made by the first call with it and reused by every later one (as FlashMLA fills its
-scheduling metadata once); ``block_table``, ``cache_seqlens``, ``num_splits`` and ``causal`` are
-ignored. Works on torch tensors (CPU or CUDA; traceable by ``torch.compile`` and capturable in CUDA
-graphs) and on numpy arrays (bf16 as uint16).
+scheduling metadata once); ``block_table`` and ``cache_seqlens`` are ignored; ``causal`` must be
+False and ``num_splits`` None (get_mla_metadata's second value), as in FlashMLA's sparse decode.
+Works on torch tensors (CPU or CUDA; traceable by ``torch.compile`` and capturable in CUDA graphs)
+and on numpy arrays (bf16 as uint16 or ml_dtypes.bfloat16).
 """
 
 import numpy as np
 
-from . import _ops
+from . import _checks, _ops
+
+_OP = "flashmla.flash_mla_with_kvcache"
 
 # What a plan depends on, in the order FlashMLASchedMeta.shape holds it: (argument, what).
 _PLANNED = (("q", "shape[0] (b)"), ("q", "shape[1] (s_q)"), ("q", "shape[2] (h_q)"),
@@ -54,9 +57,24 @@ def _as_bytes(cache):
     return cache if cache.dtype == np.uint8 else cache.view(np.uint8)
 
 
+# sparse_decode's argument names -> this entry's (so that an error names what the caller passed).
+_ARG_NAMES = {"main_cache": "k_cache", "main_indices": "indices", "main_lengths": "topk_length",
+              "sink": "attn_sink", "scale": "softmax_scale", "extra_cache": "extra_k_cache",
+              "extra_indices": "extra_indices_in_kvcache", "extra_lengths": "extra_topk_length"}
+
+
+def _in_our_names(error):
+    """The same error, its argument named as flash_mla_with_kvcache's caller named it."""
+    text = str(error)
+    for ours, theirs in _ARG_NAMES.items():
+        text = text.replace(f"argument '{ours}'", f"argument '{theirs}'")
+    return type(error)(text)
+
+
 def _check_cache(cache, name):
+    _checks.array(_OP, name, cache)
     if len(cache.shape) != 4 or cache.shape[2] != 1 or cache.shape[3] != 584:
-        raise ValueError(f"sparsemla.flashmla: argument '{name}': expected the fp8_ds_mla page view "
+        raise _ops.Error(f"sparsemla.flashmla: argument '{name}': expected the fp8_ds_mla page view "
                          f"[num_blocks, page_block_size, 1, 584], got shape {tuple(cache.shape)}")
     return _as_bytes(cache)
 
@@ -64,10 +82,11 @@ def _check_cache(cache, name):
 def _dense(indices, b, s_q, name):
     """FlashMLA's [b, s_q, topk] indices as the dense [T, topk] list (a view)."""
     if indices is None:
-        raise ValueError(f"sparsemla.flashmla: argument '{name}': expected int32 [b, s_q, topk] "
+        raise _ops.Error(f"sparsemla.flashmla: argument '{name}': expected int32 [b, s_q, topk] "
                          "indices (sparse decode only), got None")
+    _checks.array(_OP, name, indices)
     if len(indices.shape) != 3 or tuple(indices.shape[:2]) != (b, s_q):
-        raise ValueError(f"sparsemla.flashmla: argument '{name}': expected [b, s_q, topk] with "
+        raise _ops.Error(f"sparsemla.flashmla: argument '{name}': expected [b, s_q, topk] with "
                          f"q's b = {b}, s_q = {s_q}, got shape {tuple(indices.shape)}")
     return indices.reshape(b * s_q, indices.shape[2])
 
@@ -86,7 +105,7 @@ def _plan(meta, shape, call):
     if meta.plan is not None:
         for (name, what), planned, got in zip(_PLANNED, meta.shape, shape):
             if planned != got:
-                raise ValueError(f"sparsemla.flashmla: argument '{name}': expected {what} = "
+                raise _ops.Error(f"sparsemla.flashmla: argument '{name}': expected {what} = "
                                  f"{planned}, as planned by the first call with this "
                                  "tile_scheduler_metadata (one metadata per shape: "
                                  f"get_mla_metadata() again for another), got {got}")
@@ -96,6 +115,18 @@ def _plan(meta, shape, call):
     meta.plan = _ops.plan_decode_for(*call[:3], **call[3])
     meta.shape, meta.have_initialized = shape, True
     return meta.plan
+
+
+def _check_flashmla_options(num_splits, causal):
+    """FlashMLA's sparse decode has no causal mode (each row attends exactly its listed keys), and
+    its num_splits is get_mla_metadata's second value, None here: the split count is part of the
+    plan the metadata holds. Anything else would be ignored silently, so it is refused."""
+    if _checks.flag(_OP, "causal", causal):
+        _checks.fail(_OP, "causal", "False (the sparse decode attends exactly the listed indices; "
+                     "there is no causal mask to apply)", "True")
+    if num_splits is not None:
+        _checks.fail(_OP, "num_splits", "None, the second value of get_mla_metadata() (the split "
+                     "count is chosen by the plan in tile_scheduler_metadata)", repr(num_splits))
 
 
 def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
@@ -119,14 +150,16 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
     scaled scores without the sink, +inf for a row with no valid key (whose output is 0). Both
     are allocated uninitialised and written in place by the decode (no copy kernel).
     """
-    del block_table, cache_seqlens, num_splits, causal
-    if not is_fp8_kvcache:
-        raise ValueError("sparsemla.flashmla: argument 'is_fp8_kvcache': expected True (only the "
+    del block_table, cache_seqlens
+    _check_flashmla_options(num_splits, causal)
+    if not _checks.flag(_OP, "is_fp8_kvcache", is_fp8_kvcache):
+        raise _ops.Error("sparsemla.flashmla: argument 'is_fp8_kvcache': expected True (only the "
                          "FP8 fp8_ds_mla cache is supported), got False")
-    if head_dim_v != 512:
-        raise ValueError(f"sparsemla.flashmla: argument 'head_dim_v': expected 512, got {head_dim_v}")
+    _checks.array(_OP, "q", q)
+    if _checks.integer(_OP, "head_dim_v", head_dim_v) != 512:
+        raise _ops.Error(f"sparsemla.flashmla: argument 'head_dim_v': expected 512, got {head_dim_v}")
     if len(q.shape) != 4 or q.shape[3] != 512:
-        raise ValueError(f"sparsemla.flashmla: argument 'q': expected [b, s_q, h_q, 512], got shape "
+        raise _ops.Error(f"sparsemla.flashmla: argument 'q': expected [b, s_q, h_q, 512], got shape "
                          f"{tuple(q.shape)}")
     b, s_q, h_q = q.shape[0], q.shape[1], q.shape[2]
     t = b * s_q
@@ -141,13 +174,16 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
                   extra_lengths=extra_topk_length, extra_rows_per_length=s_q)
         extra_topk = extra.shape[1]
     elif extra_indices_in_kvcache is not None:
-        raise ValueError("sparsemla.flashmla: argument 'extra_k_cache': expected a cache with "
+        raise _ops.Error("sparsemla.flashmla: argument 'extra_k_cache': expected a cache with "
                          "extra_indices_in_kvcache, got None")
     q3 = q.reshape(t, h_q, 512)
-    plan = _plan(tile_scheduler_metadata, (b, s_q, h_q, main.shape[1], extra_topk),
-                 (q3, k_cache, main, kw))
-    out = _ops._empty(q, (b, s_q, h_q, 512), "like")
-    lse = _ops._empty(q, (b, h_q, s_q), "float32")  # written in place: row i*s_q + j at [i, :, j]
-    _ops.sparse_decode(q3, k_cache, main, None, out=out.reshape(t, h_q, 512), lse=lse, plan=plan,
-                       **kw)
+    try:
+        plan = _plan(tile_scheduler_metadata, (b, s_q, h_q, main.shape[1], extra_topk),
+                     (q3, k_cache, main, kw))
+        out = _ops._empty(q, (b, s_q, h_q, 512), "like")
+        lse = _ops._empty(q, (b, h_q, s_q), "float32")  # written in place: row i*s_q + j at [i, :, j]
+        _ops.sparse_decode(q3, k_cache, main, None, out=out.reshape(t, h_q, 512), lse=lse,
+                           plan=plan, **kw)
+    except (_ops.Error, TypeError) as e:
+        raise _in_our_names(e) from None
     return out, lse

@@ -240,8 +240,17 @@ struct Paged {
   int32_t block_size;
   int64_t block_stride;
 };
+// The argument that holds a cache's page size: main_cache -> main_block_size, cache -> block_size.
+std::string block_size_arg(const std::string& cache) {
+  const std::string suffix = "_cache";
+  const bool prefixed = cache.size() > suffix.size() &&
+                        cache.compare(cache.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return prefixed ? cache.substr(0, cache.size() - suffix.size()) + "_block_size" : "block_size";
+}
+
 template <class A>
 Paged paged(Call& c, const std::string& name, const A& a, int64_t block_size, int bytes_per_token) {
+  const std::string bs_arg = block_size_arg(name);
   c.check(name, a, Kind::U8, -1);
   if (a.ndim() < 2) {
     c.fail(name, "a paged cache [num_blocks, ...] with >= 2 dimensions", "shape " + shape_text(a));
@@ -249,14 +258,22 @@ Paged paged(Call& c, const std::string& name, const A& a, int64_t block_size, in
   c.contiguous_from(name, a, 1);
   int64_t page = 1;
   for (size_t i = 1; i < a.ndim(); ++i) page *= static_cast<int64_t>(a.shape(i));
+  // [num_blocks, bs, 584] and [num_blocks, bs, 1, 584] name their page size: shape[1]. An
+  // explicit block_size that differs would read every page with the wrong row layout.
+  const bool rows_of_tokens = a.ndim() >= 3 && page == int64_t(a.shape(1)) * bytes_per_token;
+  if (block_size > 0 && rows_of_tokens && block_size != int64_t(a.shape(1))) {
+    c.fail(bs_arg,
+           "None or shape[1] = " + std::to_string(a.shape(1)) + " of a cache [num_blocks, " +
+               "block_size, ..., " + std::to_string(bytes_per_token) + "]",
+           std::to_string(block_size));
+  }
   if (block_size <= 0) {
     if (a.ndim() < 3) {
-      c.fail(name + " block_size",
-             "an explicit block_size for a 2-D cache [num_blocks, page_bytes]", "none");
+      c.fail(bs_arg, "an explicit block_size for a 2-D cache [num_blocks, page_bytes]", "none");
     }
     block_size = static_cast<int64_t>(a.shape(1));
   }
-  if (block_size > INT32_MAX) c.fail(name + " block_size", "<= 2^31-1", std::to_string(block_size));
+  if (block_size > INT32_MAX) c.fail(bs_arg, "<= 2^31-1", std::to_string(block_size));
   const int64_t need = block_size * bytes_per_token;
   if (page < need) {
     c.fail(name,

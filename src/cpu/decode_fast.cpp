@@ -33,6 +33,8 @@ constexpr int kKeyBlock = kPlanKeyBlock;    // keys per online-softmax step (bk 
 constexpr int kHeadBlock = kPlanHeadBlock;  // heads sharing one dequantised key block (16)
 constexpr int kMaxSplits = kSpecialisedMaxSplits;
 constexpr float kNoMass = -FLT_MAX;  // m of a split without mass (CONTRACT 4.3)
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 // Partials in the caller's workspace: m, l fp32 [T, S, H], then acc fp32 [T, S, H, 512].
 struct Partials {
@@ -252,13 +254,12 @@ void finish_row(const Job& job, int64_t t, int32_t h, const SplitSet& set) {
   const float m_all = has_sink ? std::fmax(m_keys, sink) : m_keys;
 
   float weight[kMaxSplits];
-  float den = 0.0f;
+  float key_mass = 0.0f;
   for (int32_t s = 0; s < set.count; ++s) {
     const float ms = set.m[s * set.stride];
     weight[s] = ms == kNoMass ? 0.0f : std::exp(ms - m_all);
-    den += weight[s] * set.l[s * set.stride];
+    key_mass += weight[s] * set.l[s * set.stride];
   }
-  if (has_sink) den += std::exp(sink - m_all);  // sink = +inf: NaN, so the row is 0 below
 
   if (p.lse != nullptr) {  // CONTRACT 4.3a: keys only, +inf without any
     float l_keys = 0.0f;
@@ -267,12 +268,18 @@ void finish_row(const Job& job, int64_t t, int32_t h, const SplitSet& set) {
       if (ms != kNoMass) l_keys += std::exp(ms - m_keys) * set.l[s * set.stride];
     }
     p.lse[job.lse_row(t) + h * p.lse_stride_head] =
-        l_keys == 0.0f ? std::numeric_limits<float>::infinity() : m_keys + std::log(l_keys);
+        l_keys == 0.0f ? kInf : m_keys + std::log(l_keys);
   }
 
   bf16_bits* out = p.out + t * job.out_stride_token + h * p.out_stride_head;
-  if (!(den > 0.0f)) {
-    std::fill(out, out + kDim, bf16_bits{0});
+  // Special rows (CONTRACT 4.2): NaN when the keys' mass is NaN (a NaN or +inf score) or the sink
+  // is NaN, as the quotient is; exact 0 without mass or under a +inf sink (the denominator's limit
+  // is +inf, where exp(inf - inf) would say NaN).
+  const bool nan_row = std::isnan(key_mass) || (has_sink && std::isnan(sink));
+  const float den = key_mass + (has_sink ? std::exp(sink - m_all) : 0.0f);
+  const bool zero_row = !(den > 0.0f) || (has_sink && sink == kInf);
+  if (nan_row || zero_row) {
+    std::fill(out, out + kDim, float_to_bf16(nan_row ? kNaN : 0.0f));
     return;
   }
   float o[kDim] = {};
@@ -293,9 +300,12 @@ void finish_row(const Job& job, int64_t t, int32_t h, const SplitSet& set) {
   for (int d = 0; d < kDim; ++d) out[d] = float_to_bf16(o[d]);
 }
 
-// A split without mass reports m = -FLT_MAX, l = 0 (CONTRACT 4.3).
+// A split without mass reports m = -FLT_MAX, l = 0 (CONTRACT 4.3). A split whose scores held a
+// NaN (or +inf: exp(inf - inf)) has l = NaN; its m may still be -FLT_MAX (fmax skips NaN), so it
+// reports m = NaN, else every combine would take it for an empty split and drop the NaN.
 void seal_empty(Scratch& sc, int h) {
   if (sc.l[h] == 0.0f) sc.m[h] = kNoMass;
+  if (std::isnan(sc.l[h])) sc.m[h] = kNaN;
 }
 
 // One work item: split s of token t for heads [head0, head0 + num_heads).

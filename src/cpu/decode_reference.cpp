@@ -1,7 +1,8 @@
 // The float64 reference of the sparse decode (CONTRACT 4.2, 4.3a): one softmax over the valid keys
-// of main row t then extra row t, the sink, exact zeros for rows without mass, lse without the sink
-// and the fused inverse RoPE (CONTRACT 1), all on the dequantised cache with the kernels' scrub
-// decisions. No bf16 rounding anywhere: it is the oracle the fast CPU and GPU paths are held to.
+// of main row t then extra row t, the sink, exact zeros for rows without mass, NaN rows for NaN
+// (or +inf) scores and NaN sinks, lse without the sink and the fused inverse RoPE (CONTRACT 1),
+// all on the dequantised cache with the kernels' scrub decisions. No bf16 rounding anywhere: it is
+// the oracle the fast CPU and GPU paths are held to.
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -66,8 +67,6 @@ void rotate_back(double* o, const RopeTable& rope, int64_t pos) {
 // pair before the rotation is at most |c| e_a + |s| e_b after it).
 void reference_abs_mean(const DecodeParams& p, const RowKeys& keys, const std::vector<double>& z,
                         double zmax, int64_t t, double* a) {
-  for (int d = 0; d < kDim; ++d) a[d] = 0.0;
-  if (keys.count == 0) return;
   double sum = 0.0;
   for (int64_t j = 0; j < keys.count; ++j) {
     const double w = std::exp(z[j] - zmax);
@@ -86,42 +85,64 @@ void reference_abs_mean(const DecodeParams& p, const RowKeys& keys, const std::v
   }
 }
 
-// One (t, h): o = sum_j e^(z_j - m) K_j / (sum_j e^(z_j - m) + e^(sink - m)), 0 unless den > 0.
-void reference_head(const DecodeParams& p, const RowKeys& keys, int64_t t, int32_t h, double* o,
-                    double* lse, double* abs_mean) {
+// The scores of one (t, h) and what they mean (CONTRACT 4.2, special values): `poisoned` when a
+// score is NaN or +inf (exp(z - max) is then NaN: the row's output and lse are NaN); no mass when
+// every weight is 0 (no valid key, or every score -inf: exp(-inf) = 0).
+struct RowScores {
+  std::vector<double> z;
+  double zmax = -kInf;  // over the non-NaN scores
+  bool poisoned = false;
+  bool has_mass() const { return zmax > -kInf; }
+};
+
+RowScores score_row(const DecodeParams& p, const RowKeys& keys, int64_t t, int32_t h) {
   const bf16_bits* qh =
       p.q + t * (p.q_stride_token != 0 ? p.q_stride_token : int64_t{p.num_heads} * kDim) +
       h * p.q_stride_head;
   double q[kDim];
   for (int d = 0; d < kDim; ++d) q[d] = bf16_to_float(qh[d]);
-
-  std::vector<double> z(keys.count);
-  double zmax = -kInf;
+  RowScores r;
+  r.z.resize(keys.count);
   for (int64_t j = 0; j < keys.count; ++j) {
     const double* k = &keys.values[j * kDim];
     double dot = 0.0;
     for (int d = 0; d < kDim; ++d) dot += q[d] * k[d];
-    z[j] = static_cast<double>(p.scale) * dot;
-    if (z[j] > zmax) zmax = z[j];  // NaN scores do not move the max (as fmax)
+    const double z = static_cast<double>(p.scale) * dot;
+    r.z[j] = z;
+    r.poisoned = r.poisoned || std::isnan(z) || z == kInf;
+    if (z > r.zmax) r.zmax = z;
   }
+  return r;
+}
 
-  // lse over the valid keys only, without the sink; +inf for a row without keys.
+// One (t, h): o = sum_j e^(z_j - m) K_j / (sum_j e^(z_j - m) + e^(sink - m)). NaN (every dim)
+// for poisoned scores or a NaN sink, as the quotient; exact 0 without mass or under a +inf sink
+// (the denominator's limit is +inf).
+void reference_head(const DecodeParams& p, const RowKeys& keys, int64_t t, int32_t h, double* o,
+                    double* lse, double* abs_mean) {
+  const RowScores r = score_row(p, keys, t, h);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  // lse over the valid keys only, without the sink; +inf for a row without mass.
   if (lse != nullptr) {
     double sum = 0.0;
-    for (double zj : z) sum += std::exp(zj - zmax);
-    *lse = keys.count > 0 ? zmax + std::log(sum) : kInf;
+    for (double zj : r.z) sum += std::exp(zj - r.zmax);
+    *lse = r.poisoned ? nan : r.has_mass() ? r.zmax + std::log(sum) : kInf;
+  }
+  const bool usable = r.has_mass() && !r.poisoned;
+  if (abs_mean != nullptr) {
+    for (int d = 0; d < kDim; ++d) abs_mean[d] = 0.0;
+    if (usable) reference_abs_mean(p, keys, r.z, r.zmax, t, abs_mean);
   }
 
-  if (abs_mean != nullptr) reference_abs_mean(p, keys, z, zmax, t, abs_mean);
-
-  for (int d = 0; d < kDim; ++d) o[d] = 0.0;
-  if (keys.count == 0) return;  // exact 0, with or without sink
   const bool has_sink = p.sink != nullptr;
   const double sink = has_sink ? static_cast<double>(p.sink[h]) : 0.0;
-  const double m = (has_sink && sink > zmax) ? sink : zmax;
-  double den = has_sink ? std::exp(sink - m) : 0.0;  // sink = +inf: inf - inf = NaN -> not > 0
+  const bool nan_row = r.poisoned || (has_sink && std::isnan(sink));
+  for (int d = 0; d < kDim; ++d) o[d] = nan_row ? nan : 0.0;
+  if (nan_row || !usable || (has_sink && sink == kInf)) return;
+  const double m = (has_sink && sink > r.zmax) ? sink : r.zmax;
+  double den = has_sink ? std::exp(sink - m) : 0.0;
   for (int64_t j = 0; j < keys.count; ++j) {
-    const double w = std::exp(z[j] - m);
+    const double w = std::exp(r.z[j] - m);
     den += w;
     const double* k = &keys.values[j * kDim];
     for (int d = 0; d < kDim; ++d) o[d] += w * k[d];

@@ -159,6 +159,134 @@ TEST(DecodeCpu, SinkMinusInfChangesNothingPlusInfGivesZeroFiniteScales) {
   }
 }
 
+// ---- special values in q, sink and scale (CONTRACT 4.2) -----------------------------------------
+
+// q of (t, h) with every dim NaN, or one dim +inf (its scores are then NaN or +inf).
+void poison_q(DecodeCase& c, int64_t t, int32_t h, float value, bool all_dims) {
+  bf16_bits* qh = &c.q[t * c.q_stride_token + h * c.q_stride_head];
+  for (int d = 0; d < (all_dims ? kDim : 1); ++d) qh[d] = float_to_bf16(value);
+}
+
+// A NaN or +inf score makes its row NaN (out and lse) in the reference and the fast path, at any
+// split count; a NaN sink makes every row of its head NaN (rows without keys too: 0 / NaN) and
+// leaves lse alone; nothing leaks into the other (t, h), which equal a clean run bit for bit.
+TEST(DecodeCpu, NaNScoresGiveNaNRowsAndNaNSinkGivesNaNHead) {
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  CaseSpec s;
+  s.T = 4;
+  s.H = 5;
+  s.main = cache_of(256, 64);
+  s.extra = cache_of(512, 64);
+  s.main_lengths = {128, 40, 0, 70};
+  s.extra_lengths = {200, 33, 0, 1};  // row 2: no keys
+  s.sink = true;
+  s.positions = true;
+  const DecodeCase clean(rng, s);
+  DecodeCase c = clean;
+  poison_q(c, 0, 1, std::nanf(""), true);
+  poison_q(c, 1, 3, inf_f32(), false);
+  poison_q(c, 3, 0, std::nanf(""), false);  // one NaN dim is enough
+  poison_q(c, 2, 1, std::nanf(""), true);   // no keys: no score, stays an empty row
+  const int32_t nan_sink_head = 2;
+  c.sink[nan_sink_head] = std::nanf("");
+  const auto nan_score = [](int64_t t, int32_t h) {
+    return (t == 0 && h == 1) || (t == 1 && h == 3) || (t == 3 && h == 0);
+  };
+  const RefRun ref = run_reference(c), ref_clean = run_reference(clean);
+  for (int32_t split : {1, 4, 32}) {
+    SCOPED_TRACE("splits=" + std::to_string(split));
+    const FastRun fast = run_fast(c, split), fast_clean = run_fast(clean, split);
+    for (int64_t t = 0; t < c.T; ++t) {
+      for (int32_t h = 0; h < c.H; ++h) {
+        SCOPED_TRACE("t=" + std::to_string(t) + " h=" + std::to_string(h));
+        const bool nan_out = nan_score(t, h) || h == nan_sink_head;
+        if (nan_score(t, h)) {
+          ASSERT_TRUE(std::isnan(ref.lse_at(t, h)));
+          ASSERT_TRUE(std::isnan(fast.lse_at(t, h)));
+        } else {
+          ASSERT_EQ(ref.lse_at(t, h), ref_clean.lse_at(t, h));
+          ASSERT_EQ(fast.lse_at(t, h), fast_clean.lse_at(t, h));
+        }
+        for (int d = 0; d < kDim; ++d) {
+          if (nan_out) {
+            ASSERT_TRUE(std::isnan(ref.value(t, h, d))) << "d=" << d;
+            ASSERT_TRUE(std::isnan(fast.value(t, h, d))) << "d=" << d;
+          } else {
+            ASSERT_EQ(ref.value(t, h, d), ref_clean.value(t, h, d)) << "d=" << d;
+            ASSERT_EQ(fast.bits(t, h, d), fast_clean.bits(t, h, d)) << "d=" << d;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Scores of -inf weigh exp(-inf) = 0: a row whose every score is -inf has no mass (exact 0, lse
+// +inf), as a row without keys. q = -inf in every dim against keys whose dims are all >= 0 and not
+// all 0 makes every score -inf (no inf * 0 term: -inf * 0 would be NaN).
+TEST(DecodeCpu, MinusInfScoresWeighNothing) {
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  CaseSpec s;
+  s.T = 1;
+  s.H = 2;
+  s.main = cache_of(64, 64);
+  s.main_lengths = {20};
+  DecodeCase c(rng, s);
+  // Every key: code 127 (scale 1) and byte 0x38 (e4m3 1.0) in every NoPE dim, RoPE bf16 1.0.
+  for (int64_t slot = 0; slot < c.main->num_slots(); ++slot) {
+    std::fill(c.main->data_row(slot), c.main->data_row(slot) + kNope, uint8_t{0x38});
+    std::fill(c.main->code_row(slot), c.main->code_row(slot) + 7, uint8_t{127});
+    for (int k = 0; k < 64; ++k) c.main->set_rope(slot, k, bf16_bits{0x3F80});
+  }
+  poison_q(c, 0, 0, -inf_f32(), true);
+  const RefRun ref = run_reference(c);
+  for (int32_t split : {1, 4}) {
+    const FastRun fast = run_fast(c, split);
+    ASSERT_EQ(ref.lse_at(0, 0), INFINITY);
+    ASSERT_EQ(fast.lse_at(0, 0), INFINITY);
+    ASSERT_TRUE(std::isfinite(fast.lse_at(0, 1)));
+    for (int d = 0; d < kDim; ++d) {
+      ASSERT_EQ(ref.value(0, 0, d), 0.0);
+      ASSERT_EQ(fast.bits(0, 0, d), bf16_bits{0});
+    }
+  }
+}
+
+// scale <= 0 is computed as written: 0 weighs every valid key equally (lse = ln n), a negative
+// scale reverses the ranking; reference against the naive oracle, fast path against the reference.
+TEST(DecodeCpu, ZeroAndNegativeScalesAreComputedAsWritten) {
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  CaseSpec s;
+  s.T = 2;
+  s.H = 3;
+  s.main = cache_of(256, 64);
+  s.extra = cache_of(256, 64);
+  s.main_lengths = {50, 7};
+  s.extra_lengths = {9, 60};
+  s.sink = true;
+  const DecodeCase c(rng, s);
+  for (float scale : {0.0f, -0.0f, -1.0f / 16}) {
+    SCOPED_TRACE("scale=" + std::to_string(scale));
+    const auto with_scale = [scale](DecodeParams& p) { p.scale = scale; };
+    const RefRun ref = run_reference(c, with_scale);
+    expect_reference_matches_naive(c, ref, naive_decode(c, true, scale));
+    for (int32_t split : {1, 4}) {
+      expect_kernel_matches_reference(c, run_fast(c, split, with_scale), ref);
+    }
+    if (scale != 0.0f) continue;
+    for (int64_t t = 0; t < c.T; ++t) {
+      const double n = static_cast<double>(s.main_lengths[t] + s.extra_lengths[t]);
+      for (int32_t h = 0; h < c.H; ++h) ASSERT_NEAR(ref.lse_at(t, h), std::log(n), 1e-12);
+    }
+  }
+}
+
 // ---- empty and invalid rows ---------------------------------------------------------------------
 
 TEST(DecodeCpu, EmptyAndAllInvalidRowsGiveExactZeroAndInfiniteLse) {

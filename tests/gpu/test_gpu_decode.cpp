@@ -891,6 +891,63 @@ TEST_P(GpuDecode, SinkVariantsAndLse) {
   }
 }
 
+// CONTRACT 4.2 special values, as the CPU backend (tests/cpp/test_decode.cpp): a NaN or +inf score
+// makes its (t, h) NaN (out and lse), a NaN sink makes every row of its head NaN (rows without keys
+// too) and leaves lse alone; every other (t, h) equals a clean run bit for bit. Written with the
+// CPU change; not yet run on a GPU when added (docs/RELIABILITY.md "Bad inputs, Python" says which
+// backends were verified).
+TEST_P(GpuDecode, NaNScoresGiveNaNRowsAndNaNSinkGivesNaNHead) {
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  CaseSpec s;
+  s.T = 4;
+  s.H = 32;
+  s.main = cache_spec(64, 3);
+  s.extra = cache_spec(64, 4);
+  s.main_lengths = {128, 40, 0, 70};
+  s.extra_lengths = {256, 33, 0, 1};  // row 2: no keys
+  s.sink = true;
+  const DecodeCase clean = make_case(rng, s, false);
+  DecodeCase c = clean;
+  const auto poison = [&c](int64_t t, int32_t h, bf16_bits v, int dims) {
+    for (int dd = 0; dd < dims; ++dd) c.q[t * c.q_stride_token + h * c.q_stride_head + dd] = v;
+  };
+  poison(0, 1, 0x7FC0, kDim);  // NaN
+  poison(1, 17, 0x7F80, 1);    // one +inf dim: NaN or +inf scores
+  poison(3, 0, 0x7FC0, 1);     // one NaN dim
+  poison(2, 1, 0x7FC0, kDim);  // no keys: stays an empty row
+  const int32_t nan_sink_head = 5;
+  c.sink[nan_sink_head] = std::nanf("");
+  const auto nan_score = [](int64_t t, int32_t h) {
+    return (t == 0 && h == 1) || (t == 1 && h == 17) || (t == 3 && h == 0);
+  };
+  const DeviceCase d(c), d_clean(clean);
+  for (int32_t split : {1, 2, 4}) {
+    SCOPED_TRACE("S=" + std::to_string(split));
+    const GpuRun run = run_gpu(c, d, split), base = run_gpu(clean, d_clean, split);
+    for (int64_t t = 0; t < c.T; ++t) {
+      for (int32_t h = 0; h < c.H; ++h) {
+        SCOPED_TRACE("t=" + std::to_string(t) + " h=" + std::to_string(h));
+        const float lse = run.host.lse_at(t, h), lse_clean = base.host.lse_at(t, h);
+        if (nan_score(t, h)) {
+          EXPECT_TRUE(std::isnan(lse));
+        } else {
+          EXPECT_EQ(float_bits(lse), float_bits(lse_clean));
+        }
+        const bool nan_out = nan_score(t, h) || h == nan_sink_head;
+        for (int dd = 0; dd < kDim; ++dd) {
+          if (nan_out) {
+            ASSERT_TRUE(std::isnan(run.host.value(t, h, dd))) << "d=" << dd;
+          } else {
+            ASSERT_EQ(run.host.bits(t, h, dd), base.host.bits(t, h, dd)) << "d=" << dd;
+          }
+        }
+      }
+    }
+  }
+}
+
 // Fused inverse RoPE against the reference, and against decode-then-standalone (CONTRACT 4.3: NoPE
 // dims bit-exact, RoPE dims within 2 bf16 ulps of the pair's magnitude); the standalone GPU
 // rotation equals the CPU one bit for bit (same fp32 products and sums, one rounding).

@@ -221,7 +221,10 @@ def decode(q_bits, caches, lists, sink=None, scale=512 ** -0.5, scrub_extra=True
     """float64 reference: q bf16 bits [T, H, 512]; caches = [(cache2d, bs), ...] (main, extra);
     lists = [(indices, indptr), ...]. Returns (out [T, H, 512], lse [T, H], abs_mean [T, H, 512]):
     abs_mean is the accuracy scale A of CONTRACT 9.9, A[t, h, j] = sum_i p_i |v_ij| / sum_i p_i over
-    the row's valid keys (the keys' softmax, without the sink), 0 for a row without keys."""
+    the row's valid keys (the keys' softmax, without the sink), 0 for a row without keys.
+    Special values (CONTRACT 4.2): a NaN or +inf score makes its (t, h) NaN (out and lse); a NaN
+    sink makes every row of its head NaN; -inf scores weigh 0 (all -inf: no mass, out 0, lse +inf);
+    a +inf sink gives 0."""
     q = bf16_to_f32(q_bits).astype(np.float64)
     t_count, h_count = q.shape[0], q.shape[1]
     out = np.zeros((t_count, h_count, 512))
@@ -234,24 +237,37 @@ def decode(q_bits, caches, lists, sink=None, scale=512 ** -0.5, scrub_extra=True
             for s in idx[ptr[t]:ptr[t + 1]]:
                 if 0 <= s < n_slots:
                     keys.append(load_row(cache, bs, s, scrub=(li == 0 or scrub_extra)))
-        if not keys:
-            continue
-        k = np.stack(keys)
-        z = scale * (q[t] @ k.T)  # [H, n]
-        m = z.max(axis=1)
-        w = np.exp(z - m[:, None])
-        lse[t] = m + np.log(w.sum(axis=1))
-        abs_mean[t] = (w @ np.abs(k)) / w.sum(axis=1)[:, None]
+        k = np.stack(keys) if keys else np.zeros((0, 512))
+        with np.errstate(invalid="ignore", over="ignore"):
+            z = scale * (q[t] @ k.T)  # [H, n]
         for h in range(h_count):
             sk = None if sink is None else float(sink[h])
-            if sk == math.inf:
-                continue
-            mm = m[h] if sk is None else max(m[h], sk)
-            p = np.exp(z[h] - mm)
-            den = p.sum() + (0.0 if sk is None else math.exp(sk - mm))
-            if den > 0:
-                out[t, h] = p @ k / den
+            out[t, h], lse[t, h], abs_mean[t, h] = _decode_head(z[h], k, sk)
     return out, lse, abs_mean
+
+
+def _decode_head(z, k, sk):
+    """(out [512], lse, abs_mean [512]) of one (t, h) from its scores z [n], keys k [n, 512] and
+    sink sk (None: no sink)."""
+    zeros = np.zeros(512)
+    poisoned = bool(np.any(np.isnan(z) | (z == np.inf)))
+    nan_out = poisoned or (sk is not None and math.isnan(sk))
+    m = np.max(z) if z.size else -np.inf
+    if poisoned:
+        return np.full(512, np.nan), np.nan, zeros
+    if m == -np.inf:  # no valid key, or every weight exp(-inf) = 0
+        return (np.full(512, np.nan) if nan_out else zeros), np.inf, zeros
+    w = np.exp(z - m)
+    lse = m + np.log(w.sum())
+    abs_mean = (w @ np.abs(k)) / w.sum()
+    if nan_out:
+        return np.full(512, np.nan), lse, abs_mean
+    if sk == math.inf:
+        return zeros, lse, abs_mean
+    mm = m if sk is None else max(m, sk)
+    p = np.exp(z - mm)
+    den = p.sum() + (0.0 if sk is None else math.exp(sk - mm))
+    return (p @ k / den if den > 0 else zeros), lse, abs_mean
 
 
 def rope_inverse_abs_mean(a, c, s):
