@@ -269,6 +269,7 @@ TEST(DecodeCpu, ZeroAndNegativeScalesAreComputedAsWritten) {
   s.extra = cache_of(256, 64);
   s.main_lengths = {50, 7};
   s.extra_lengths = {9, 60};
+  s.p_invalid = 0.0;  // every listed slot is a key: n = the row's length
   s.sink = true;
   const DecodeCase c(rng, s);
   for (float scale : {0.0f, -0.0f, -1.0f / 16}) {
@@ -561,7 +562,7 @@ TEST(DecodeReferenceCpu, ExtraScrubFollowsTheProvenanceGate) {
     p.kv_connector = false;
   };
   // Gate holds: the extra rows are taken as they are, so NaN reaches every row that reads a
-  // poisoned slot (its denominator is NaN: the output is 0 and lse is NaN, CONTRACT 4.3).
+  // poisoned slot (its scores are NaN: the output and lse are NaN, CONTRACT 4.2).
   const RefRun raw = run_reference(dirty, gate_holds);
   int rows_hit = 0;
   for (int64_t t = 0; t < clean.T; ++t) {
@@ -573,7 +574,7 @@ TEST(DecodeReferenceCpu, ExtraScrubFollowsTheProvenanceGate) {
     for (int32_t h = 0; h < clean.H; ++h) {
       if (hit) {
         EXPECT_TRUE(std::isnan(raw.lse_at(t, h)));
-        for (int d = 0; d < kDim; ++d) ASSERT_EQ(raw.value(t, h, d), 0.0);
+        for (int d = 0; d < kDim; ++d) ASSERT_TRUE(std::isnan(raw.value(t, h, d)));
       } else {
         for (int d = 0; d < kDim; ++d) ASSERT_EQ(raw.value(t, h, d), want.value(t, h, d));
       }

@@ -36,7 +36,7 @@ def _q(rng=None):
     return ref.bf16_round_bits_fast(rng.standard_normal((T, H, 512)).astype(np.float32))
 
 
-# ---- the valid call of every entry, with one argument replaced ------------------------------------
+# ---- the valid call of every entry, with one argument replaced -----------------------------------
 def _decode_args():
     return dict(q=_q(), main_cache=_cache(), main_indices=np.arange(T * 4, dtype=np.int32),
                 main_indptr=np.arange(0, T * 4 + 1, 4, dtype=np.int32))
@@ -89,7 +89,8 @@ def compress_indexer(**bad):
 
 def gather(**bad):
     a = {**dict(token_to_seq=np.zeros(3, np.int32), cu_seqlen=np.array([0, 3], np.int32),
-             block_table=np.zeros((1, 1), np.int32), cache=np.zeros((NB, BS, 132), np.uint8)), **bad}
+             block_table=np.zeros((1, 1), np.int32), cache=np.zeros((NB, BS, 132), np.uint8)),
+         **bad}
     return sparsemla.gather_indexer_keys(a.pop("token_to_seq"), a.pop("cu_seqlen"),
                                          a.pop("block_table"), a.pop("cache"), **a)
 
@@ -126,7 +127,8 @@ def rope_table(**bad):
 
 
 def inverse_rope(**bad):
-    a = {**dict(x=np.zeros((T, H, 512), np.uint16), positions=np.zeros(T, np.int64), rope=ROPE), **bad}
+    a = {**dict(x=np.zeros((T, H, 512), np.uint16), positions=np.zeros(T, np.int64), rope=ROPE),
+         **bad}
     return sparsemla.inverse_rope(a.pop("x"), a.pop("positions"), a.pop("rope"), **a)
 
 
@@ -162,9 +164,10 @@ def verify(**bad):
 
 def flash(**bad):
     b, s_q = 1, 2
-    a = {**dict(q=np.zeros((b, s_q, H, 512), np.uint16), k_cache=np.zeros((NB, BS, 1, 584), np.uint8),
-             block_table=None, cache_seqlens=None, head_dim_v=512, tile_scheduler_metadata=None,
-             indices=np.zeros((b, s_q, 8), np.int32)), **bad}
+    a = {**dict(q=np.zeros((b, s_q, H, 512), np.uint16),
+                k_cache=np.zeros((NB, BS, 1, 584), np.uint8), block_table=None,
+                cache_seqlens=None, head_dim_v=512, tile_scheduler_metadata=None,
+                indices=np.zeros((b, s_q, 8), np.int32)), **bad}
     return flashmla.flash_mla_with_kvcache(
         a.pop("q"), a.pop("k_cache"), a.pop("block_table"), a.pop("cache_seqlens"),
         a.pop("head_dim_v"), a.pop("tile_scheduler_metadata"), **a)
@@ -407,7 +410,7 @@ def test_explicit_block_size_equal_to_the_shape_and_2d_caches_still_work(rng):
     assert np.array_equal(want, same) and np.array_equal(want, flat)
 
 
-# ---- bf16 arrays of ml_dtypes and torch -------------------------------------------------------------
+# ---- bf16 arrays of ml_dtypes and torch ----------------------------------------------------------
 def test_ml_dtypes_bfloat16_is_accepted_like_uint16_bits(rng):
     ml_dtypes = pytest.importorskip("ml_dtypes")
     cache = _cache(rng)
@@ -456,7 +459,7 @@ def test_torch_cpu_tensors_get_the_same_checks_and_bf16_is_accepted(rng):
         sparsemla.sparse_decode(tq[0, 0], tc, ti, tp)
 
 
-# ---- special values in q and sink, scale <= 0 (CONTRACT 4.2) -----------------------------------------
+# ---- special values in q and sink, scale <= 0 (CONTRACT 4.2) -------------------------------------
 def _special_case(rng):
     cache = _cache(rng)
     a = _decode_args()
