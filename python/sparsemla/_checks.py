@@ -52,7 +52,8 @@ def array(op, name, x, *, ndim=None, optional=False, writable=False):
     if ndim is not None:
         allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
         if len(x.shape) not in allowed:
-            dims = " or ".join(str(n) for n in allowed)
+            dims = (f"{allowed[0]}..{allowed[-1]}" if len(allowed) > 2
+                    else " or ".join(str(n) for n in allowed))
             fail(op, name, f"a {dims}-D array", f"{len(x.shape)}-D, shape {tuple(x.shape)}")
     if writable and isinstance(x, np.ndarray) and not x.flags.writeable:
         fail(op, name, "a writable array (the call writes into it)", "a read-only array")

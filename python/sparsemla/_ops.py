@@ -858,8 +858,10 @@ def sparse_decode(q, main_cache, main_indices, main_indptr=None, **kwargs):
     main_rows_per_length], 0, W)`` entries (main_lengths int32 per row ``[T]``, or per request
     ``[b]`` with main_rows_per_length = s_q; None: W). extra_*: the same for the compressed cache
     (ratio-4 top-k or ratio-128 lists), or None for window-only layers.
-    sink: fp32 ``[H]`` in natural-log units (-inf: no effect, +inf: zero output) or None; scale:
-    default ``512**-0.5``. positions int64 ``[T]`` + rope fp32 ``[P, 64]``: fused inverse RoPE of
+    sink: fp32 ``[H]`` in natural-log units (-inf: no effect, +inf: zero output, NaN: that head's
+    output NaN in every row) or None; scale: any finite number (``<= 0`` computed as written),
+    default ``512**-0.5``. A NaN or +inf score (e.g. NaN in q) makes that row's out and lse NaN
+    (CONTRACT 4.2). positions int64 ``[T]`` + rope fp32 ``[P, 64]``: fused inverse RoPE of
     output dims 448..511 at each query's position (both or neither).
     plan: a :class:`DecodePlan` of this shape (:func:`plan_decode`): the call plans nothing and
     takes num_splits, num_sms, adaptive_splits, deterministic and path from it (give none of

@@ -142,7 +142,7 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
     out-of-range value: skipped); topk_length: int32 ``[b]`` or None, only the first
     ``topk_length[i]`` indices of request i are read. extra_k_cache / extra_indices_in_kvcache /
     extra_topk_length: the same for the compressed cache, attended in the same softmax.
-    attn_sink: fp32 ``[h_q]`` (-inf: no effect, +inf: zero output) or None. softmax_scale: default
+    attn_sink: fp32 ``[h_q]`` (-inf: no effect, +inf: zero output, NaN: NaN output) or None. softmax_scale: default
     ``512**-0.5``. head_dim_v must be 512 and is_fp8_kvcache True. tile_scheduler_metadata: a
     FlashMLASchedMeta (its plan is made by the first call and reused) or None (planned per call).
 
