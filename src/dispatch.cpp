@@ -6,6 +6,7 @@
 #include "cpu/cpu_backend.h"
 #include "cpu/decode_common.h"
 #include "sparsemla/error.h"
+#include "sparsemla/indexer.h"
 #include "sparsemla/version.h"
 
 #if defined(SPARSEMLA_WITH_CUDA)
@@ -102,6 +103,40 @@ void gather_indexer_keys(const GatherParams& p) {
     return SPARSEMLA_GPU_CALL(gather_indexer_keys, p);
   }
   cpu::gather_indexer_keys(p);
+}
+
+// The lightning indexer (CONTRACT 11): the CPU backend only so far.
+void indexer_topk(const IndexerParams& p, void* workspace, size_t workspace_bytes) {
+  (void)workspace;
+  core::validate(p);
+  SPARSEMLA_CHECK_ARG(workspace_bytes >= indexer_workspace_size(p), "indexer_topk",
+                      "workspace_bytes", ">= indexer_workspace_size(p)", workspace_bytes);
+  if (on_gpu("indexer_topk", p.path, p.indices)) {
+    throw_arg_error("indexer_topk", "path", "cpu (the CUDA indexer is not built yet)",
+                    path_name(p.path == Path::Auto ? Path::CudaGeneric : p.path));
+  }
+  cpu::indexer_topk(p);
+}
+
+size_t indexer_workspace_size(const IndexerParams& p) {
+  core::validate(p);
+  return 0;  // the CPU backend allocates its own scratch
+}
+
+void indexer_candidates_from_positions(const int64_t* positions, int64_t num_tokens,
+                                       int32_t* num_candidates) {
+  constexpr const char* kOp = "indexer_candidates_from_positions";
+  core::check_nonneg(kOp, "num_tokens", num_tokens);
+  if (num_tokens == 0) return;
+  SPARSEMLA_CHECK_PTR(positions, kOp, "positions");
+  SPARSEMLA_CHECK_PTR(num_candidates, kOp, "num_candidates");
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const int64_t pos = positions[t];
+    // floor((pos + 1) / 4) without overflow at INT64_MAX; int32 holds it for pos < 2^33.
+    const int64_t n = pos < 0 ? 0 : pos / 4 + (pos % 4 == 3 ? 1 : 0);
+    SPARSEMLA_CHECK_ARG(n <= INT32_MAX, kOp, "positions", "< 2^33 (n_t fits int32)", pos);
+    num_candidates[t] = static_cast<int32_t>(n);
+  }
 }
 
 // Builders: validate() checks shapes only; the CPU backend checks its host rows itself.

@@ -6,6 +6,7 @@
 #include "sparsemla/error.h"
 #include "sparsemla/format.h"
 #include "sparsemla/gather.h"
+#include "sparsemla/indexer.h"
 #include "sparsemla/lists.h"
 #include "sparsemla/numerics.h"
 #include "sparsemla/plan.h"

@@ -8,6 +8,7 @@
 #include "sparsemla/decode.h"
 #include "sparsemla/error.h"
 #include "sparsemla/gather.h"
+#include "sparsemla/indexer.h"
 #include "sparsemla/lists.h"
 #include "sparsemla/writer.h"
 
@@ -47,6 +48,7 @@ void validate(const DenseToRaggedParams& p);
 void validate(const WindowListParams& p);
 void validate(const TopkListParams& p);
 void validate(const CompressedAllListParams& p);
+void validate(const IndexerParams& p);  // src/core/validate_indexer.cpp (CONTRACT 11.4)
 
 // Host-data checks of the list builders (request_index in range, positions >= 0 for valid rows),
 // which read the row inputs: the CPU backend runs them before writing anything.

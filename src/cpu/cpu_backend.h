@@ -3,6 +3,7 @@
 
 #include "sparsemla/decode.h"
 #include "sparsemla/gather.h"
+#include "sparsemla/indexer.h"
 #include "sparsemla/lists.h"
 #include "sparsemla/writer.h"
 
@@ -13,6 +14,7 @@ void write_compressor_state(const StateWriterParams& p);
 void compress(const CompressorParams& p);
 void compress_indexer(const IndexerCompressorParams& p);
 void gather_indexer_keys(const GatherParams& p);
+void indexer_topk(const IndexerParams& p);  // CONTRACT 11 (src/cpu/indexer.cpp)
 
 void build_ragged_from_dense(const DenseToRaggedParams& p);
 void build_window_lists(const WindowListParams& p);

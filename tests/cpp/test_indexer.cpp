@@ -1,0 +1,384 @@
+// The lightning-indexer decode on the CPU against the float64 reference (CONTRACT 11.7, catalogue
+// 11.8): exact-arithmetic data bit for bit, planted needles, the near-tie rule on random data,
+// invalid device values, NaN keys, ties and low-contrast rows, long rows, MTP groups, determinism
+// and the host errors of 11.4.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "reference/indexer_reference.h"
+#include "reference/random.h"
+#include "sparsemla/error.h"
+#include "sparsemla/indexer.h"
+
+#if defined(SPARSEMLA_HAVE_OPENMP)
+#include <omp.h>
+#endif
+
+namespace sparsemla::test {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+struct IndexerOut {
+  std::vector<int32_t> indices, lengths;
+  std::vector<float> scores;
+};
+
+IndexerOut run(const IndexerCase& c, TopkOrder order = TopkOrder::ByIndex, bool scores = true) {
+  IndexerOut o;
+  o.indices.assign(static_cast<size_t>(c.T * c.W), 0x5EED);  // poisoned: every element written
+  o.lengths.assign(static_cast<size_t>(c.T), -7);
+  if (scores) o.scores.assign(static_cast<size_t>(c.T * c.W), 12345.0f);
+  IndexerParams p =
+      c.params(o.indices.data(), o.lengths.data(), scores ? o.scores.data() : nullptr);
+  p.order = order;
+  indexer_topk(p);
+  return o;
+}
+
+// Always exact (11.7): len, indices inside C_t without duplicates, -1 and -inf padding.
+void expect_structure(const IndexerCase& c, const IndexerOut& o, int64_t t) {
+  const std::vector<RefCandidate> cand = ref_candidates(c, t);
+  std::set<int64_t> members;
+  for (const auto& x : cand) members.insert(x.j);
+  const int64_t len = std::min<int64_t>(c.k, static_cast<int64_t>(cand.size()));
+  ASSERT_EQ(o.lengths[t], len) << "row " << t;
+  std::set<int32_t> seen;
+  for (int32_t i = 0; i < c.W; ++i) {
+    const int32_t j = o.indices[t * c.W + i];
+    if (i >= len) {
+      EXPECT_EQ(j, -1) << "row " << t << " padding at " << i;
+      if (!o.scores.empty()) {
+        EXPECT_EQ(o.scores[t * c.W + i], kNegInf) << "row " << t;
+      }
+      continue;
+    }
+    EXPECT_TRUE(members.count(j)) << "row " << t << ": index " << j << " is not a candidate";
+    EXPECT_TRUE(seen.insert(j).second) << "row " << t << ": index " << j << " twice";
+  }
+}
+
+// Exact data: the selection, its order and the scores equal the reference bit for bit.
+void expect_exact(const IndexerCase& c, const IndexerOut& o, int64_t t, TopkOrder order) {
+  expect_structure(c, o, t);
+  std::vector<RefCandidate> sel = ref_select(c, t);
+  if (order == TopkOrder::ByIndex) {
+    std::sort(sel.begin(), sel.end(), [](const auto& a, const auto& b) { return a.j < b.j; });
+  }
+  for (size_t i = 0; i < sel.size(); ++i) {
+    ASSERT_EQ(o.indices[t * c.W + i], sel[i].j) << "row " << t << " position " << i;
+    if (o.scores.empty()) continue;
+    const float want = static_cast<float>(sel[i].score), got = o.scores[t * c.W + i];
+    EXPECT_TRUE(got == want || (std::isnan(got) && std::isnan(want)))
+        << "row " << t << " index " << sel[i].j << ": " << got << " vs " << want;
+  }
+}
+
+// Random data (11.7): scores within eps * A, and no unselected candidate beats a selected one by
+// more than their bounds.
+void expect_within_bounds(const IndexerCase& c, const IndexerOut& o, int64_t t, double eps) {
+  expect_structure(c, o, t);
+  const std::vector<RefCandidate> cand = ref_candidates(c, t);
+  std::vector<const RefCandidate*> by_j(static_cast<size_t>(c.Wt) * c.ibs, nullptr);
+  for (const auto& x : cand) by_j[x.j] = &x;
+  std::set<int64_t> selected;
+  double worst_selected = std::numeric_limits<double>::infinity();
+  for (int32_t i = 0; i < o.lengths[t]; ++i) {
+    const RefCandidate& x = *by_j[o.indices[t * c.W + i]];
+    selected.insert(x.j);
+    EXPECT_LE(std::fabs(o.scores[t * c.W + i] - x.score), eps * x.a + 1e-30)
+        << "row " << t << " index " << x.j;
+    worst_selected = std::min(worst_selected, x.score + eps * x.a);
+  }
+  for (const auto& x : cand) {
+    if (selected.count(x.j)) continue;
+    EXPECT_LE(x.score - eps * x.a, worst_selected) << "row " << t << ": unselected " << x.j;
+  }
+}
+
+constexpr double kCpuEps = 1.0 / 65536;  // 2^-16 for fp32 FMA paths (CONTRACT 11.7)
+
+// 11.8.1 and 11.8.7 on exact data: lengths around k and the page, k, W > k, both orders, layouts,
+// page sizes and head counts.
+TEST(CpuIndexer, ExactDataMatchesReferenceBitForBitAcrossLengthsAndLayouts) {
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  struct Shape {
+    int32_t H, ibs, k;
+    IndexerLayout layout;
+  };
+  for (const Shape s :
+       {Shape{4, 64, 7, IndexerLayout::Normal}, Shape{1, 16, 1, IndexerLayout::Shuffle},
+        Shape{16, 61, 7, IndexerLayout::Normal}, Shape{2, 1, 7, IndexerLayout::Normal},
+        Shape{64, 64, 512, IndexerLayout::Normal}}) {
+    SCOPED_TRACE("H=" + std::to_string(s.H) + " ibs=" + std::to_string(s.ibs) +
+                 " k=" + std::to_string(s.k));
+    const int32_t k = s.k, ibs = s.ibs;
+    const std::vector<int32_t> lengths = {0,     1,       k - 1, k,       k + 1,
+                                          2 * k, ibs - 1, ibs,   ibs + 1, 3 * ibs + 5};
+    const int64_t T = static_cast<int64_t>(lengths.size());
+    const int32_t Wt = (std::max(2 * k, 3 * ibs + 5) + ibs - 1) / ibs;
+    IndexerCase c = make_indexer_case(rng, T, s.H, ibs, T, Wt, k, k + 3, s.layout);
+    fill_exact(rng, c);
+    for (int64_t t = 0; t < T; ++t)
+      c.row_req[t] = static_cast<int32_t>(t), c.n[t] = std::max(0, lengths[t]);
+    for (const TopkOrder order : {TopkOrder::ByIndex, TopkOrder::ByScore}) {
+      const IndexerOut o = run(c, order);
+      for (int64_t t = 0; t < T; ++t) expect_exact(c, o, t, order);
+    }
+    const IndexerOut bare = run(c, TopkOrder::ByIndex, /*scores=*/false);
+    const IndexerOut full = run(c, TopkOrder::ByIndex);
+    EXPECT_EQ(bare.indices, full.indices) << "the scores output changed the selection";
+  }
+}
+
+// 11.7 planted top-k: k needles beat every other key by far more than the bound.
+TEST(CpuIndexer, PlantedNeedlesAreTheSelection) {
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  const int32_t k = 32, ibs = 64, Wt = 40;
+  IndexerCase c = make_indexer_case(rng, 3, 8, ibs, 3, Wt, k, k);
+  fill_random(rng, c);
+  for (int64_t t = 0; t < c.T; ++t) {
+    c.row_req[t] = static_cast<int32_t>(t);
+    c.n[t] = Wt * ibs - static_cast<int32_t>(rng.randint(0, 100));
+    for (int32_t h = 0; h < c.H; ++h) c.w[t * c.H + h] = std::fabs(c.w[t * c.H + h]) + 0.01f;
+    // Needles: each key equal to the row's first head query at a large scale.
+    std::set<int64_t> needles;
+    while (static_cast<int32_t>(needles.size()) < k) needles.insert(rng.randint(0, c.n[t] - 1));
+    for (const int64_t j : needles) c.set_entry(t, j, c.q.data() + t * c.H * 128, 1.0f);
+  }
+  const IndexerOut o = run(c, TopkOrder::ByScore);
+  for (int64_t t = 0; t < c.T; ++t) {
+    expect_within_bounds(c, o, t, kCpuEps);
+    std::set<int64_t> want;
+    for (const auto& x : ref_select(c, t)) want.insert(x.j);
+    std::set<int64_t> got(o.indices.begin() + t * c.W, o.indices.begin() + t * c.W + k);
+    EXPECT_EQ(got, want) << "row " << t;
+  }
+}
+
+// 11.7 near-tie rule on random data, MTP groups of two adjacent rows and a non-adjacent pair.
+TEST(CpuIndexer, RandomDataWithinTheNearTieRuleWithMtpRows) {
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  const int32_t k = 64, ibs = 16, Wt = 30;
+  IndexerCase c = make_indexer_case(rng, 6, 16, ibs, 3, Wt, k, k + 1);
+  fill_random(rng, c);
+  const int32_t reqs[6] = {0, 0, 1, 2, 1, 2};  // rows 0-1 adjacent; 2 and 4 apart
+  for (int64_t t = 0; t < c.T; ++t) {
+    c.row_req[t] = reqs[t];
+    c.n[t] = static_cast<int32_t>(rng.randint(k, Wt * ibs));
+  }
+  c.n[1] = c.n[0] + 1;
+  double worst = 0.0;
+  const IndexerOut o = run(c, TopkOrder::ByIndex);
+  for (int64_t t = 0; t < c.T; ++t) {
+    expect_within_bounds(c, o, t, kCpuEps);
+    for (int32_t i = 0; i < o.lengths[t]; ++i) {
+      for (const auto& x : ref_candidates(c, t))
+        if (x.j == o.indices[t * c.W + i] && x.a > 0)
+          worst = std::max(worst, std::fabs(o.scores[t * c.W + i] - x.score) / x.a);
+    }
+  }
+  RecordProperty("worst_score_error_over_A", std::to_string(worst));
+  std::printf("[ indexer ] worst |score - ref| / A = %.3g (bound 2^-16 = %.3g)\n", worst, kCpuEps);
+}
+
+// 11.8.4: invalid page ids, short tables, padding rows, negative n, duplicate pages, T = 0.
+TEST(CpuIndexer, InvalidDeviceValuesFollowTheRule) {
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  const int32_t ibs = 8, Wt = 6, k = 12;
+  IndexerCase c = make_indexer_case(rng, 6, 4, ibs, 3, Wt, k, k + 2);
+  fill_exact(rng, c);
+  const int32_t bad[] = {INT_MIN, -1, static_cast<int32_t>(c.num_blocks),
+                         static_cast<int32_t>(c.num_blocks + 1024), INT_MAX};
+  for (int32_t b = 0; b < 5; ++b) c.table[0 * c.table_stride + b] = bad[b];  // request 0
+  c.table[1 * c.table_stride + 2] = c.table[1 * c.table_stride + 0];         // duplicate page
+  const int32_t reqs[6] = {0, 1, -1, 3, 2, 2};
+  const int32_t ns[6] = {Wt * ibs, Wt * ibs, 40, 40, -5, Wt * ibs + 1000};
+  for (int64_t t = 0; t < c.T; ++t) c.row_req[t] = reqs[t], c.n[t] = ns[t];
+  for (const TopkOrder order : {TopkOrder::ByIndex, TopkOrder::ByScore}) {
+    const IndexerOut o = run(c, order);
+    for (int64_t t = 0; t < c.T; ++t) expect_exact(c, o, t, order);
+    EXPECT_EQ(o.lengths[0], std::min(k, (Wt - 5) * ibs));  // only page 5 of request 0 is valid
+    EXPECT_EQ(o.lengths[2], 0);                            // row_req -1
+    EXPECT_EQ(o.lengths[3], 0);                            // row_req >= R
+    EXPECT_EQ(o.lengths[4], 0);                            // n < 0
+  }
+  IndexerCase empty = c;
+  empty.T = 0;
+  empty.row_req.clear(), empty.n.clear(), empty.q.clear(), empty.w.clear();
+  EXPECT_NO_THROW(run(empty));
+}
+
+// 11.8.5: NaN bytes and a +inf scale rank last; -0 ties +0; NaN in w. Exact data around them.
+TEST(CpuIndexer, NanKeysInfScalesAndNanWeightsRankLast) {
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  const int32_t ibs = 16, Wt = 4, k = 20;
+  IndexerCase c = make_indexer_case(rng, 3, 4, ibs, 1, Wt, k, k);
+  fill_exact(rng, c);
+  for (int64_t t = 0; t < c.T; ++t) c.n[t] = Wt * ibs;
+  uint8_t bytes[128];
+  for (int j = 0; j < 10; ++j) {  // NaN bytes in 10 entries, +inf scale in 10 others
+    for (auto& b : bytes) b = small_e4m3(1);
+    bytes[rng.randint(0, 127)] = rng.randint(0, 1) ? 0x7F : 0xFF;
+    c.set_entry(0, 2 * j, bytes, 1.0f);
+    for (auto& b : bytes) b = small_e4m3(1);
+    c.set_entry(0, 2 * j + 1, bytes, std::numeric_limits<float>::infinity());
+  }
+  c.w[2 * c.H + 1] = std::numeric_limits<float>::quiet_NaN();  // row 2: every score NaN
+  for (const TopkOrder order : {TopkOrder::ByIndex, TopkOrder::ByScore}) {
+    const IndexerOut o = run(c, order);
+    for (int64_t t = 0; t < c.T; ++t) expect_exact(c, o, t, order);
+    // Row 2 ranks every candidate -inf: the lowest k indices win.
+    for (int32_t i = 0; i < k; ++i)
+      EXPECT_EQ(o.indices[2 * c.W + i], i) << "NaN row, position " << i;
+  }
+}
+
+// 11.8.6: all-equal rows, all-zero rows (every dot negative), many ties at the k-th value, and a
+// low-contrast row of 65,536 candidates in one coarse bin.
+TEST(CpuIndexer, TiesAndLowContrastRowsFollowTheTieBreak) {
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  const int32_t ibs = 64, Wt = 1024, k = 512;
+  IndexerCase c = make_indexer_case(rng, 3, 1, ibs, 1, Wt, k, k);
+  // Every key the same bytes: row 0 scores all equal (q = 1), row 1 all zero (q = -1), row 2
+  // scores in a narrow band: scale 1 for most entries, one power of two up for every 97th.
+  uint8_t bytes[128];
+  for (auto& b : bytes) b = small_e4m3(1);
+  for (int64_t j = 0; j < int64_t{Wt} * ibs; ++j)
+    c.set_entry(0, j, bytes, j % 97 == 5 ? 2.0f : 1.0f);
+  for (int d = 0; d < 128; ++d) {
+    c.q[0 * 128 + d] = small_e4m3(1);
+    c.q[1 * 128 + d] = small_e4m3(-1);
+    c.q[2 * 128 + d] = small_e4m3(d % 2 ? 1 : 2);
+  }
+  for (int64_t t = 0; t < c.T; ++t) c.w[t] = 1.0f / 64, c.n[t] = 65536;
+  for (const TopkOrder order : {TopkOrder::ByIndex, TopkOrder::ByScore}) {
+    const IndexerOut o = run(c, order);
+    for (int64_t t = 0; t < c.T; ++t) expect_exact(c, o, t, order);
+  }
+}
+
+// 11.8.2: a 1M-context row (262,144 candidates) at B = 1 and 4 with k up to 2048.
+TEST(CpuIndexer, LongRowsOf262144CandidatesMatchTheReferenceRule) {
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  const int32_t ibs = 64, Wt = 4096, k = 2048;
+  IndexerCase c = make_indexer_case(rng, 4, 1, ibs, 1, Wt, k, k);
+  fill_exact(rng, c);
+  // Four requests over the same 4096 pages (34.8 MB), each in its own order.
+  c.R = 4;
+  c.table.resize(static_cast<size_t>(c.R * c.table_stride));
+  for (int64_t r = 1; r < c.R; ++r) {
+    std::copy_n(c.table.begin(), c.table_stride, c.table.begin() + r * c.table_stride);
+    std::shuffle(c.table.begin() + r * c.table_stride, c.table.begin() + r * c.table_stride + Wt,
+                 rng.engine());
+  }
+  for (int64_t t = 0; t < c.T; ++t) {
+    c.row_req[t] = static_cast<int32_t>(t);
+    c.n[t] = t == 0 ? Wt * ibs : static_cast<int32_t>(rng.randint(Wt * ibs / 4, Wt * ibs));
+  }
+  const IndexerOut o = run(c, TopkOrder::ByScore);
+  for (int64_t t = 0; t < c.T; ++t) expect_exact(c, o, t, TopkOrder::ByScore);
+}
+
+// 11.7 determinism: 20 runs identical, a row's output independent of the other rows and of the
+// thread count.
+TEST(CpuIndexer, DeterministicAcrossRunsBatchmatesAndThreads) {
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  const int32_t ibs = 64, Wt = 80, k = 128;
+  IndexerCase c = make_indexer_case(rng, 5, 8, ibs, 5, Wt, k, k);
+  fill_random(rng, c);
+  for (int64_t t = 0; t < c.T; ++t)
+    c.row_req[t] = static_cast<int32_t>(t), c.n[t] = Wt * ibs - int32_t(t);
+  const IndexerOut first = run(c);
+  for (int i = 0; i < 20; ++i) {
+    const IndexerOut again = run(c);
+    ASSERT_EQ(again.indices, first.indices) << "run " << i;
+    ASSERT_EQ(0, std::memcmp(again.scores.data(), first.scores.data(), 4 * first.scores.size()));
+  }
+  IndexerCase alone = c;  // row 3 alone in a batch of one
+  alone.T = 1;
+  alone.q.assign(c.q.begin() + 3 * c.H * 128, c.q.begin() + 4 * c.H * 128);
+  alone.w.assign(c.w.begin() + 3 * c.H, c.w.begin() + 4 * c.H);
+  alone.row_req = {3}, alone.n = {c.n[3]};
+  const IndexerOut single = run(alone);
+  EXPECT_TRUE(
+      std::equal(single.indices.begin(), single.indices.end(), first.indices.begin() + 3 * c.W));
+#if defined(SPARSEMLA_HAVE_OPENMP)
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const IndexerOut one_thread = run(c);
+  omp_set_num_threads(threads);
+  EXPECT_EQ(one_thread.indices, first.indices);
+  EXPECT_EQ(0, std::memcmp(one_thread.scores.data(), first.scores.data(), 4 * first.scores.size()));
+#endif
+}
+
+// 11.4 host errors name the argument.
+TEST(CpuIndexer, HostErrorsNameTheArgument) {
+  Rng rng(7);
+  IndexerCase c = make_indexer_case(rng, 2, 4, 16, 2, 4, 8, 8);
+  std::vector<int32_t> idx(16);
+  const auto expect_error = [&](auto edit, const std::string& arg) {
+    IndexerParams p = c.params(idx.data(), nullptr, nullptr);
+    edit(p);
+    try {
+      indexer_topk(p);
+      ADD_FAILURE() << "accepted; expected an error naming " << arg;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(arg), std::string::npos) << e.what();
+    }
+  };
+  expect_error([](IndexerParams& p) { p.topk = 0; }, "topk");
+  expect_error([](IndexerParams& p) { p.topk = 2049, p.width = 4096; }, "topk");
+  expect_error([](IndexerParams& p) { p.width = 7; }, "width");
+  expect_error([](IndexerParams& p) { p.num_heads = 0; }, "num_heads");
+  expect_error([](IndexerParams& p) { p.num_heads = 129; }, "num_heads");
+  expect_error([](IndexerParams& p) { p.num_requests = -1; }, "num_requests");
+  expect_error([](IndexerParams& p) { p.block_table_stride = 2; }, "block_table_stride");
+  expect_error([](IndexerParams& p) { p.q_stride_head = 64; }, "q_stride_head");
+  expect_error([](IndexerParams& p) { p.indices_stride = 4; }, "indices_stride");
+  expect_error([](IndexerParams& p) { p.q = nullptr; }, "q");
+  expect_error([](IndexerParams& p) { p.row_request = nullptr; }, "row_request");
+  expect_error([](IndexerParams& p) { p.cache.block_stride = 100; }, "block_stride");
+  expect_error([](IndexerParams& p) { p.order = static_cast<TopkOrder>(5); }, "order");
+  expect_error([](IndexerParams& p) { p.path = Path::CudaGeneric; }, "path");
+}
+
+TEST(CpuIndexer, CandidatesFromPositions) {
+  const std::vector<int64_t> pos = {-1, 0, 2,       3,
+                                    4,  7, 1048575, std::numeric_limits<int64_t>::min()};
+  std::vector<int32_t> n(pos.size(), -9);
+  indexer_candidates_from_positions(pos.data(), static_cast<int64_t>(pos.size()), n.data());
+  EXPECT_EQ(n, (std::vector<int32_t>{0, 0, 0, 1, 1, 2, 262144, 0}));
+  const int64_t huge = int64_t{1} << 40;
+  EXPECT_THROW(indexer_candidates_from_positions(&huge, 1, n.data()), Error);
+}
+
+}  // namespace
+}  // namespace sparsemla::test
