@@ -17,6 +17,7 @@ int run_state_writer(const uint8_t* data, size_t size);
 int run_compress(const uint8_t* data, size_t size);
 int run_compress_indexer(const uint8_t* data, size_t size);
 int run_inverse_rope(const uint8_t* data, size_t size);
+int run_indexer(const uint8_t* data, size_t size);
 
 }  // namespace sparsemla::fuzz
 

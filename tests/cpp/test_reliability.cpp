@@ -55,6 +55,7 @@ const FuzzTarget kTargets[] = {
     {"fuzz_compress", fuzz::run_compress},
     {"fuzz_compress_indexer", fuzz::run_compress_indexer},
     {"fuzz_inverse_rope", fuzz::run_inverse_rope},
+    {"fuzz_indexer", fuzz::run_indexer},
 };
 
 // Runs one input; a broken property (fuzz::Broken) or any other escaping exception fails.
