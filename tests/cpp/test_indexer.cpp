@@ -15,10 +15,12 @@
 #include <string>
 #include <vector>
 
+#include "reference/decode_fixture.h"
 #include "reference/indexer_reference.h"
 #include "reference/random.h"
 #include "sparsemla/error.h"
 #include "sparsemla/indexer.h"
+#include "sparsemla/lists.h"
 
 #if defined(SPARSEMLA_HAVE_OPENMP)
 #include <omp.h>
@@ -26,6 +28,12 @@
 
 namespace sparsemla::test {
 namespace {
+
+using decode::CacheSpec;
+using decode::CaseSpec;
+using decode::DecodeCase;
+using decode::FastRun;
+using decode::TestList;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -337,6 +345,71 @@ TEST(CpuIndexer, DeterministicAcrossRunsBatchmatesAndThreads) {
   EXPECT_EQ(one_thread.indices, first.indices);
   EXPECT_EQ(0, std::memcmp(one_thread.scores.data(), first.scores.data(), 4 * first.scores.size()));
 #endif
+}
+
+// The ratio-4 builder of CONTRACT 4.6 on a dense top-k [T, W] (-1 padding), through the table
+// the indexer used (ibt = cbt, ibs = cbs): the ragged extra list of the decode.
+TestList build_ratio4_list(const IndexerCase& ic, const std::vector<int32_t>& dense) {
+  TestList l;
+  l.indices.assign(static_cast<size_t>(ic.T * ic.W), 0);
+  l.indptr.assign(static_cast<size_t>(ic.T + 1), 0);
+  l.width = ic.W;
+  TopkListParams p;
+  p.common.num_rows = ic.T;
+  p.common.path = Path::Cpu;
+  p.topk = dense.data();
+  p.topk_stride = ic.W;
+  p.request_index = ic.row_req.data();
+  p.block_table = ic.table.data();
+  p.block_table_stride = ic.table_stride;
+  p.table_width = ic.Wt;
+  p.num_requests = ic.R;
+  p.block_size = ic.ibs;
+  p.out = {l.indices.data(), l.indptr.data(), l.width};
+  build_topk_lists(p);
+  return l;
+}
+
+// 11.8.9: indexer -> ratio-4 builder -> decode equals the same pipeline fed by the reference
+// top-k (identical lists on exact data), and the decode of it matches the float64 decode reference.
+TEST(CpuIndexer, PipelineIndexerBuilderDecodeEqualsTheReferenceTopkPipeline) {
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  const int64_t T = 4;
+  const int32_t ibs = 16, Wt = 12, k = 48;
+  IndexerCase ic = make_indexer_case(rng, T, 8, ibs, T, Wt, k, k + 4);
+  fill_exact(rng, ic);
+  for (int64_t t = 0; t < T; ++t) {
+    ic.row_req[t] = static_cast<int32_t>(t);
+    ic.n[t] = static_cast<int32_t>(rng.randint(k / 2, Wt * ibs));
+  }
+  const IndexerOut o = run(ic);
+  std::vector<int32_t> ref_dense(static_cast<size_t>(T * ic.W), -1);
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<RefCandidate> sel = ref_select(ic, t);
+    std::sort(sel.begin(), sel.end(), [](const auto& a, const auto& b) { return a.j < b.j; });
+    for (size_t i = 0; i < sel.size(); ++i)
+      ref_dense[t * ic.W + i] = static_cast<int32_t>(sel[i].j);
+  }
+  CaseSpec spec;
+  spec.T = T;
+  spec.H = 8;
+  spec.extra = CacheSpec{ic.num_blocks, ibs, 0};  // the compressed KV pages beside the keys
+  DecodeCase dc(rng, spec);
+  dc.extra_list = build_ratio4_list(ic, o.indices);
+  const TestList ref_list = build_ratio4_list(ic, ref_dense);
+  ASSERT_EQ(dc.extra_list.indptr, ref_list.indptr);
+  ASSERT_EQ(dc.extra_list.indices, ref_list.indices);
+  for (int64_t t = 0; t < T; ++t) {
+    EXPECT_EQ(dc.extra_list.indptr[t + 1] - dc.extra_list.indptr[t], o.lengths[t]) << "row " << t;
+  }
+  const FastRun fast = decode::run_fast(dc, 0);
+  DecodeCase ref_case = dc;
+  ref_case.extra_list = ref_list;
+  const FastRun fed_by_reference = decode::run_fast(ref_case, 0);
+  EXPECT_EQ(fast.out, fed_by_reference.out);
+  decode::expect_kernel_matches_reference(dc, fast, decode::run_reference(dc));
 }
 
 // 11.4 host errors name the argument.
