@@ -2,11 +2,10 @@
 // JSON. Numbers: median of `reps` timed calls (GPU: CUDA-graph replays with a cold L2), p10..p90
 // spread, TFLOP/s (2*H*N*1024 per query row), GB/s (584 B per attended key + indices + q/out), and
 // the fraction of the roofline floor max(bytes / 4.3 TB/s, flops / 790 TFLOP/s) measured on the
-// H200. Every cell is verified against the float64 reference (computed once per shape, batch and
-// scrub decision); a FAIL makes the command exit with 3.
+// H200 (GPU paths only). Every cell is verified against the float64 reference (computed once per
+// shape, batch and scrub decision); a FAIL or a skipped cell makes the command exit with 3.
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -14,6 +13,7 @@
 
 #include "bench_problem.h"
 #include "bench_timer.h"
+#include "cli_checks.h"
 #include "commands.h"
 #include "reference.h"
 #include "runner.h"
@@ -40,16 +40,36 @@ struct BenchOptions {
   bool mma_peak = false;
 };
 
+// Every path but cpu times a CUDA kernel (auto included: the CUDA path rule).
 std::vector<Path> bench_paths(const BenchOptions& o) {
   std::vector<Path> paths;
-  for (const auto& s : o.paths) paths.push_back(parse_path(s));
-  if (paths.empty()) {
-    if (cuda_device_available())
-      paths = {Path::CudaGeneric, Path::CudaSm90};
-    else
-      paths = {Path::Cpu};
+  for (const auto& s : o.paths) {
+    if (s != "cpu") require_cuda_device("bench", "--paths", s);
+    paths.push_back(parse_path(s));
   }
+  if (paths.empty()) paths = {Path::CudaGeneric, Path::CudaSm90};
   return paths;
+}
+
+// Without a GPU and without --paths: say so and time a short CPU table (the GPU defaults, 100
+// reps of 4 batches x 10 shapes, take over 10 minutes on the CPU); options given explicitly win.
+void default_to_short_cpu_table(BenchOptions& o, const CLI::App& cmd) {
+  if (!o.paths.empty() || cuda_device_available()) return;
+  auto unset = [&](const char* name) { return cmd.count(name) == 0; };
+  o.paths = {"cpu"};
+  if (unset("--batches")) o.batches = {1};
+  if (unset("--reps")) o.timing.reps = 3;
+  if (unset("--warmup")) o.timing.warmup = 0;
+  std::fprintf(stderr,
+               "bench: %s; timing a short CPU table instead (--paths cpu, batch 1, 3 reps unless "
+               "given)\n",
+               cuda_device_problem().c_str());
+}
+
+bool has_gpu_path(const std::vector<Path>& paths) {
+  for (Path p : paths)
+    if (p != Path::Cpu) return true;
+  return false;
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -71,17 +91,36 @@ std::string verify_cell(const Problem& pb, const Timing& t, int64_t max_batch,
   return v.passed ? "PASS" : "FAIL";
 }
 
-void print_header() {
-  std::printf("%-13s %4s %5s %8s %-12s %3s %10s %17s %8s %8s %9s %6s %s\n", "shape", "H", "B",
-              "keys/row", "path", "S", "median_us", "p10..p90_us", "TFLOP/s", "GB/s", "floor_us",
-              "%floor", "verify");
+// The roofline columns (floor_us, %floor) only where a GPU path is timed: the floor is the H200's.
+void print_header(bool roofline) {
+  std::printf("%-13s %4s %5s %8s %-12s %3s %10s %17s %8s %8s ", "shape", "H", "B", "keys/row",
+              "path", "S", "median_us", "p10..p90_us", "TFLOP/s", "GB/s");
+  if (roofline) std::printf("%9s %6s ", "floor_us", "%floor");
+  std::printf("verify\n");
 }
 
-// One cell (shape, batch, path, S): times it, prints its row and appends its JSON record; false
-// when its verification failed.
-bool bench_cell(const BenchShape& shape, int64_t batch, const Problem& pb, Path path,
-                int32_t splits, const BenchOptions& o, ReferenceStore& refs,
-                nlohmann::json& results) {
+// Cells that did not give a PASS / unverified row, for the closing summary and the exit status.
+struct CellTally {
+  std::vector<std::string> failed;
+  std::vector<std::string> skipped;
+};
+
+std::string cell_name(const BenchShape& shape, int64_t batch, Path path, int32_t splits) {
+  return shape.name + " B=" + std::to_string(batch) + " " + path_name(path) +
+         " S=" + std::to_string(splits);
+}
+
+std::string joined(const std::vector<std::string>& items) {
+  std::string s;
+  for (const auto& i : items) s += (s.empty() ? "" : ", ") + i;
+  return s;
+}
+
+// One cell (shape, batch, path, S): times it, prints its row, appends its JSON record and tallies
+// it when skipped or failed.
+void bench_cell(const BenchShape& shape, int64_t batch, const Problem& pb, Path path,
+                int32_t splits, const BenchOptions& o, bool roofline, ReferenceStore& refs,
+                nlohmann::json& results, CellTally& tally) {
   const double flops = pb.flops(), bytes = pb.bytes();
   const double floor_s = std::max(bytes / kPeakBytesPerSecond, flops / kPeakFlops);
   TimingOptions timing = o.timing;
@@ -92,35 +131,54 @@ bool bench_cell(const BenchShape& shape, int64_t batch, const Problem& pb, Path 
   } catch (const Error& e) {
     std::printf("%-13s %4d %5lld %8s %-12s skipped: %s\n", shape.name.c_str(), shape.heads,
                 static_cast<long long>(batch), "", path_name(path), e.what());
-    return true;
+    tally.skipped.push_back(cell_name(shape, batch, path, splits));
+    return;
   }
   const std::string verdict = verify_cell(pb, t, o.verify_max_batch, refs);
   const double med = t.median();
   const std::string shown =
       t.auto_path ? std::string("auto>") + path_name(t.path) : path_name(t.path);
-  std::printf("%-13s %4d %5lld %8.1f %-12s %3d %10.2f %8.2f..%-8.2f %8.2f %8.1f %9.2f %5.1f%% %s\n",
+  const bool gpu_cell = t.path != Path::Cpu;
+  std::printf("%-13s %4d %5lld %8.1f %-12s %3d %10.2f %8.2f..%-8.2f %8.2f %8.1f ",
               shape.name.c_str(), shape.heads, static_cast<long long>(batch),
               static_cast<double>(pb.attended_keys) / pb.tokens, shown.c_str(), t.splits, med * 1e6,
-              t.quantile(0.1) * 1e6, t.quantile(0.9) * 1e6, flops / med * 1e-12, bytes / med * 1e-9,
-              floor_s * 1e6, 100.0 * floor_s / med, verdict.c_str());
+              t.quantile(0.1) * 1e6, t.quantile(0.9) * 1e6, flops / med * 1e-12,
+              bytes / med * 1e-9);
+  if (roofline && gpu_cell) std::printf("%9.2f %5.1f%% ", floor_s * 1e6, 100.0 * floor_s / med);
+  if (roofline && !gpu_cell) std::printf("%9s %6s ", "-", "-");
+  std::printf("%s\n", verdict.c_str());
   std::fflush(stdout);
-  results.push_back({{"shape", shape.name},
-                     {"heads", shape.heads},
-                     {"batch", batch},
-                     {"mtp", shape.mtp},
-                     {"data", o.data},
-                     {"path", t.auto_path ? "auto" : path_name(t.path)},
-                     {"ran", path_name(t.path)},
-                     {"splits", t.splits},
-                     {"median_us", med * 1e6},
-                     {"p10_us", t.quantile(0.1) * 1e6},
-                     {"p90_us", t.quantile(0.9) * 1e6},
-                     {"tflops", flops / med * 1e-12},
-                     {"gbps", bytes / med * 1e-9},
-                     {"floor_us", floor_s * 1e6},
-                     {"floor_fraction", floor_s / med},
-                     {"verify", verdict}});
-  return verdict != "FAIL";
+  nlohmann::json record = {{"shape", shape.name},
+                           {"heads", shape.heads},
+                           {"batch", batch},
+                           {"mtp", shape.mtp},
+                           {"data", o.data},
+                           {"path", t.auto_path ? "auto" : path_name(t.path)},
+                           {"ran", path_name(t.path)},
+                           {"splits", t.splits},
+                           {"median_us", med * 1e6},
+                           {"p10_us", t.quantile(0.1) * 1e6},
+                           {"p90_us", t.quantile(0.9) * 1e6},
+                           {"tflops", flops / med * 1e-12},
+                           {"gbps", bytes / med * 1e-9},
+                           {"verify", verdict}};
+  if (gpu_cell) {
+    record["floor_us"] = floor_s * 1e6;
+    record["floor_fraction"] = floor_s / med;
+  }
+  results.push_back(std::move(record));
+  if (verdict == "FAIL") tally.failed.push_back(cell_name(shape, batch, t.path, t.splits));
+}
+
+// The closing summary on stderr; 0 when every cell ran and none failed, else 3.
+int report_tally(const CellTally& tally) {
+  if (!tally.failed.empty())
+    std::fprintf(stderr, "bench: %zu cell(s) FAILED verification: %s\n", tally.failed.size(),
+                 joined(tally.failed).c_str());
+  if (!tally.skipped.empty())
+    std::fprintf(stderr, "bench: %zu cell(s) skipped (not run): %s\n", tally.skipped.size(),
+                 joined(tally.skipped).c_str());
+  return tally.failed.empty() && tally.skipped.empty() ? 0 : 3;
 }
 
 // Per (shape, batch) timed with auto and both CUDA paths: auto's time over the faster path's (the
@@ -148,7 +206,7 @@ void print_auto_vs_best(const nlohmann::json& results) {
   }
 }
 
-int bench_main(const BenchOptions& o) {
+int bench_main(BenchOptions& o, const CLI::App& cmd) {
   // These time GPU kernels: a clear error before any work when there is no device to run them on.
   if (o.launch_floor && !cuda_device_available())
     throw_arg_error("bench", "--launch-floor", "a CUDA device", "none available");
@@ -156,6 +214,8 @@ int bench_main(const BenchOptions& o) {
     throw_arg_error("bench", "--gather-only", "a CUDA device", "none available");
   if (o.mma_peak && !cuda_device_available())
     throw_arg_error("bench", "--mma-peak", "a CUDA device", "none available");
+  if (!o.json.empty()) check_output_file("bench", "--json", o.json);
+  default_to_short_cpu_table(o, cmd);
   if (o.launch_floor) print_launch_floor(o.timing);
   if (o.mma_peak) print_mma_peak(o.timing);
   std::vector<BenchShape> shapes;
@@ -164,8 +224,9 @@ int bench_main(const BenchOptions& o) {
   const std::vector<Path> paths = bench_paths(o);
   const BenchData data = parse_bench_data(o.data);
   nlohmann::json results = nlohmann::json::array();
-  print_header();
-  int failures = 0;
+  const bool roofline = has_gpu_path(paths);
+  print_header(roofline);
+  CellTally tally;
   for (const auto& shape : shapes) {
     for (int64_t batch : o.batches) {
       // stderr, so the table on stdout stays one line per cell
@@ -173,6 +234,7 @@ int bench_main(const BenchOptions& o) {
       std::snprintf(tag, sizeof tag, "%s B=%lld", shape.name.c_str(),
                     static_cast<long long>(batch));
       const auto t0 = std::chrono::steady_clock::now();
+      std::fprintf(stderr, "[bench] %s: building %s data ...\n", tag, o.data.c_str());
       const Problem pb = build_bench_problem(shape, batch, o.seed, data);
       std::fprintf(
           stderr, "[bench] %s: %s data built in %.2f s (%.0f MB of caches)\n", tag, o.data.c_str(),
@@ -185,15 +247,14 @@ int bench_main(const BenchOptions& o) {
       if (o.gather_only) print_gather_only(shape.name, pb, o.timing);
       for (Path path : paths) {
         for (int32_t splits : o.splits) {
-          failures += bench_cell(shape, batch, pb, path, splits, o, refs, results) ? 0 : 1;
+          bench_cell(shape, batch, pb, path, splits, o, roofline, refs, results, tally);
         }
       }
     }
   }
   print_auto_vs_best(results);
-  if (failures > 0) std::fprintf(stderr, "bench: %d cell(s) FAILED verification\n", failures);
-  if (!o.json.empty()) std::ofstream(o.json) << results.dump(2) << "\n";
-  return failures == 0 ? 0 : 3;
+  if (!o.json.empty()) write_output_file("bench", "--json", o.json, results.dump(2) + "\n");
+  return report_tally(tally);
 }
 
 }  // namespace
@@ -203,20 +264,23 @@ void register_bench(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench", "Time the decode at the standard shapes (CONTRACT 10)");
   cmd->add_option("--shapes", o.shapes, "shape names (default: all standard shapes)")
       ->delimiter(',');
-  cmd->add_option("--batches", o.batches, "batch sizes")->delimiter(',');
+  cmd->add_option("--batches", o.batches, "batch sizes")
+      ->delimiter(',')
+      ->check(integer_in(1, 4096));
   cmd->add_option("--paths", o.paths,
-                  "paths: cpu, cuda-generic, cuda-sm90, auto (default: GPU paths if a "
-                  "GPU is present, else cpu; with auto and both CUDA paths an 'auto vs best' "
-                  "line per cell follows the table)")
-      ->delimiter(',');
+                  "paths: cpu, cuda-generic, cuda-sm90, auto (default: both CUDA paths if a "
+                  "GPU is present, else a short cpu table; with auto and both CUDA paths an "
+                  "'auto vs best' line per cell follows the table)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"cpu", "cuda-generic", "cuda-sm90", "auto"}));
   cmd->add_option("--splits", o.splits,
                   "split counts S to time (0: the path's planner; default 0), e.g. 0,4,8,16")
       ->delimiter(',')
-      ->check(CLI::Range(0, 65535));
-  cmd->add_option("--reps", o.timing.reps, "timed calls per cell")->check(CLI::Range(1, 100000));
-  cmd->add_option("--warmup", o.timing.warmup, "untimed calls first")->check(CLI::Range(0, 100000));
+      ->check(integer_in(0, 65535));  // the library rejects S > 32: that cell is skipped
+  cmd->add_option("--reps", o.timing.reps, "timed calls per cell")->check(integer_in(1, 100000));
+  cmd->add_option("--warmup", o.timing.warmup, "untimed calls first")->check(integer_in(0, 100000));
   cmd->add_option("--flush-mb", o.timing.flush_bytes, "bytes written before each GPU call (MiB)")
-      ->transform([](std::string s) { return std::to_string(std::stoll(s) << 20); });
+      ->transform(mebibytes_as_bytes(int64_t{1} << 20));
   cmd->add_flag("!--no-graph", o.timing.graph, "launch directly instead of replaying a CUDA graph");
   cmd->add_option("--data", o.data,
                   "cache data: real (default; as the incumbent's kit and real caches: random pad "
@@ -226,7 +290,7 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--verify-max-batch", o.verify_max_batch,
                   "verify against the float64 reference only up to this batch (default: every "
                   "batch; 0: none)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(integer_in(0, std::numeric_limits<int64_t>::max()));
   cmd->add_flag("--launch-floor", o.launch_floor,
                 "first print the launch floor: graphs of empty kernels timed like a cell");
   cmd->add_flag("--gather-only", o.gather_only,
@@ -237,8 +301,8 @@ void register_bench(CLI::App& app) {
                 "only, and its Q.K block's ldmatrix pattern)");
   cmd->add_option("--json", o.json, "write all results as JSON to this file");
   cmd->add_option("--seed", o.seed, "random seed");
-  cmd->callback([] {
-    const int rc = bench_main(o);
+  cmd->callback([cmd] {
+    const int rc = bench_main(o, *cmd);
     if (rc != 0) throw CLI::RuntimeError(rc);
   });
 }

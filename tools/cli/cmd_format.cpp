@@ -1,6 +1,7 @@
 // sparsemla format: prints the cache layout tables of CONTRACT 2 from the traits header.
 #include <cstdio>
 
+#include "cli_checks.h"
 #include "commands.h"
 #include "sparsemla/format.h"
 
@@ -35,7 +36,7 @@ void register_format(CLI::App& app) {
   auto* cmd = app.add_subcommand("format", "Print the KV-cache byte layouts");
   static int block_size = 64;
   cmd->add_option("--block-size", block_size, "tokens per page for the page-size line")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_in(1, 1 << 20));
   cmd->callback([] { print_format(block_size); });
 }
 

@@ -4,10 +4,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "cli_checks.h"
 #include "commands.h"
 #include "problem.h"
 #include "reference.h"
@@ -67,14 +67,19 @@ void write_json(const std::string& file, const Problem& pb, const DecodeRun& r,
                       {"max_bound_ratio", v.max_bound_ratio},
                       {"cosine_diff", v.cosine_diff},
                       {"passed", v.passed}};
-  std::ofstream(file) << j.dump(2) << "\n";
+  write_output_file("run", "--json", file, j.dump(2) + "\n");
 }
 
 int run_main(const RunOptions& o) {
+  // Before the build (minutes at long contexts): a bad --json or a missing GPU fails at once.
+  if (!o.json.empty()) check_output_file("run", "--json", o.json);
+  require_cuda_device("run", "--path", o.path);
   const auto t0 = std::chrono::steady_clock::now();
   auto progress = [&](const std::string& msg) {
     if (!o.quiet) std::fprintf(stderr, "[run %7.2fs] %s\n", seconds_since(t0), msg.c_str());
   };
+  if (o.path == "auto" && !cuda_device_available())
+    progress("--path auto: " + cuda_device_problem() + ", running on the CPU");
   ProblemConfig cfg = o.problem;
   cfg.progress = progress;
   const Problem pb = build_problem(cfg);
@@ -97,18 +102,20 @@ void register_run(CLI::App& app) {
   static RunOptions o;
   auto* cmd = app.add_subcommand("run", "Build a DSV4 decode problem, run it, verify it");
   cmd->add_option("--layer", o.problem.layer, "layer kind: " + layer_kind_names());
-  cmd->add_option("--batch", o.problem.batch, "requests")->check(CLI::PositiveNumber);
+  cmd->add_option("--batch", o.problem.batch, "requests")->check(integer_in(1, 4096));
+  // DSV4's longest context: 1,048,576 tokens (8192 ratio-128 entries)
   cmd->add_option("--context", o.problem.context, "context tokens per request (jittered by 1/8)")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_in(1, int64_t{1} << 20));
   cmd->add_option("--heads", o.problem.heads,
                   "query heads (0: the layer's own; TP shards: 8/16/32)")
-      ->check(CLI::Range(0, 128));
-  cmd->add_option("--mtp", o.problem.mtp, "query tokens per request")->check(CLI::Range(1, 8));
+      ->check(integer_in(0, 128));
+  cmd->add_option("--mtp", o.problem.mtp, "query tokens per request")->check(integer_in(1, 8));
   cmd->add_option("--seed", o.problem.seed, "random seed");
-  cmd->add_option("--path", o.path, "auto | cpu | cuda-generic | cuda-sm90");
-  cmd->add_option("--splits", o.splits, "split count (0: planner)")->check(CLI::Range(0, 32));
+  cmd->add_option("--path", o.path, "auto | cpu | cuda-generic | cuda-sm90")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda-generic", "cuda-sm90"}));
+  cmd->add_option("--splits", o.splits, "split count (0: planner)")->check(integer_in(0, 32));
   cmd->add_option("--repeat", o.repeat, "timed repetitions (median reported)")
-      ->check(CLI::Range(1, 1000));
+      ->check(integer_in(1, 1000));
   cmd->add_option("--json", o.json, "also write the result as JSON to this file");
   cmd->add_flag("--quiet", o.quiet, "no progress lines");
   cmd->callback([] {

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_checks.h"
 #include "commands.h"
 #include "sparsemla/format.h"
 #include "sparsemla/gather.h"
@@ -292,10 +293,10 @@ void register_selfcheck(CLI::App& app) {
   auto* cmd = app.add_subcommand("selfcheck", "Write, decode and gather random rows; check them");
   static SelfcheckOptions opt;
   cmd->add_option("--tokens", opt.tokens, "tokens written and gathered")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+      ->check(integer_in(1, int64_t{1} << 20));
   cmd->add_option("--seed", opt.seed, "random seed (0: fresh)");
   cmd->add_option("--block-size", opt.block_size, "tokens per window-cache page")
-      ->check(CLI::Range(1, 4096));
+      ->check(integer_in(1, 4096));
   cmd->callback([] {
     if (run_selfcheck(opt) != 0) throw CLI::RuntimeError(1);
   });

@@ -13,7 +13,9 @@
 #include <numeric>
 #include <set>
 #include <sstream>
+#include <vector>
 
+#include "cli_checks.h"
 #include "commands.h"
 #include "runner.h"
 #include "serve_sim.h"
@@ -193,7 +195,8 @@ std::string shell_quote(const std::string& s) {
   return q + "'";
 }
 
-// Draws the PNG with scripts/plot-serve-sim (the C++ tool does not draw).
+// Draws the PNG with scripts/plot-serve-sim (the C++ tool does not draw); a PNG not drawn is an
+// error like any other unwritten output.
 void draw_plot(const std::string& json, const std::string& png) {
   const char* env = std::getenv("SPARSEMLA_PLOT_SCRIPT");
   const std::string script =
@@ -201,12 +204,13 @@ void draw_plot(const std::string& json, const std::string& png) {
   const std::string cmd =
       "python3 " + shell_quote(script) + " " + shell_quote(json) + " --out " + shell_quote(png);
   std::fflush(stdout);  // the script prints too
-  if (!std::ifstream(script).good() || std::system(cmd.c_str()) != 0) {
-    std::fprintf(stderr,
-                 "warning: no plot drawn; run: scripts/plot-serve-sim %s --out %s "
-                 "(SPARSEMLA_PLOT_SCRIPT names the script)\n",
-                 json.c_str(), png.c_str());
-    return;
+  const bool found = std::ifstream(script).good();
+  const int status = found ? std::system(cmd.c_str()) : -1;
+  if (status != 0) {
+    const std::string why = found ? script + " exited with status " + std::to_string(status)
+                                  : "no script " + script + " (SPARSEMLA_PLOT_SCRIPT names it)";
+    throw_arg_error("serve-sim", "--plot", "a PNG drawn by scripts/plot-serve-sim",
+                    png + " not drawn: " + why + "; the JSON is in " + json);
   }
   std::printf("plot: %s\n", png.c_str());
 }
@@ -281,6 +285,22 @@ std::string verification_line(const std::vector<SimResult>& results) {
   return s.str();
 }
 
+// 0 when every path ran at every batch and every check passed, else 3; skipped paths are named on
+// stderr (the table rows say why).
+int closing_status(const std::vector<SimResult>& results) {
+  std::string skipped;
+  bool verified = true;
+  for (const auto& res : results) {
+    verified = verified && res.verified_ok();
+    for (const auto& r : res.paths)
+      if (r.skipped)
+        skipped += (skipped.empty() ? "" : ", ") + r.path.name + " B=" + std::to_string(res.batch);
+  }
+  if (!skipped.empty())
+    std::fprintf(stderr, "serve-sim: path(s) skipped (not run): %s\n", skipped.c_str());
+  return verified && skipped.empty() ? 0 : 3;
+}
+
 // --smoke: the CI preset (CPU, a 3-layer slice with one layer of each kind, small batches, short
 // contexts, requests finishing and rows left empty); options given explicitly win.
 void apply_smoke(ServeSimOptions& o, const CLI::App& cmd) {
@@ -306,6 +326,13 @@ int serve_sim_main(ServeSimOptions& o, const CLI::App& cmd) {
   };
   if (o.smoke) apply_smoke(o, cmd);
   if (!o.path.empty()) o.paths.insert(o.paths.begin(), o.path);
+  for (const auto& name : o.paths) require_cuda_device("serve-sim", "--paths", name);
+  // Before the simulation (minutes on a GPU sweep): an unwritable output fails at once.
+  if (!o.json.empty()) check_output_file("serve-sim", "--json", o.json);
+  if (!o.plot.empty()) {
+    check_output_file("serve-sim", "--plot", o.plot);
+    if (o.json.empty()) check_output_file("serve-sim", "--plot", o.plot + ".json");
+  }
   if (o.paths.empty()) {
     o.paths = cuda_device_available()
                   ? std::vector<std::string>{"cuda-generic", "cuda-sm90", "cuda-sm90+scrub"}
@@ -420,13 +447,12 @@ int serve_sim_main(ServeSimOptions& o, const CLI::App& cmd) {
         {"runs", runs},
         {"verified", ok},
         {"verification", verdict}};
-    std::ofstream(json_file) << j.dump(2) << "\n";
+    write_output_file("serve-sim", o.json.empty() ? "--plot" : "--json", json_file,
+                      j.dump(2) + "\n");
     progress("wrote " + json_file);
   }
   if (!o.plot.empty()) draw_plot(json_file, o.plot);
-  for (const auto& res : results)
-    if (!res.verified_ok()) return 3;
-  return 0;
+  return closing_status(results);
 }
 
 }  // namespace
@@ -437,22 +463,24 @@ void register_serve_sim(CLI::App& app) {
       "serve-sim", "Replay the attention of whole DSV4 decode steps on several paths (A/B)");
   cmd->add_option("--model", o.model, "flash (64 heads) | pro (128 heads)");
   cmd->add_option("--tp", o.tp, "tensor parallelism: heads per GPU = model heads / TP")
-      ->check(CLI::Range(1, 128));
+      ->check(integer_in(1, 128));
   cmd->add_option("--mix", o.mix,
                   "context mix: 8k1k (8k prompts, 1k output), long (prompts log-uniform 8k..1M), "
                   "short, or LO-HI prompt range (4k-64k)");
   cmd->add_option("--output-len", o.output_len,
-                  "tokens each request decodes before it is replaced (0: the mix's own)");
+                  "tokens each request decodes before it is replaced (0: the mix's own)")
+      ->check(integer_in(0, int64_t{1} << 20));
   cmd->add_option("--layers", o.layers, "all | N (first N layers) | A-B (0-based, inclusive)");
   cmd->add_flag("--mtp-layer", o.mtp_layer, "append the window-only MTP layer");
   cmd->add_option("--batch,--batches", o.batches,
                   "captured batch sizes, one simulation each (e.g. 1,8,32,128)")
-      ->delimiter(',');
-  cmd->add_option("--steps", o.steps, "timed steps per path")->check(CLI::Range(1, 100000));
-  cmd->add_option("--warmup", o.warmup, "untimed steps first")->check(CLI::Range(0, 10000));
+      ->delimiter(',')
+      ->check(integer_in(1, 4096));
+  cmd->add_option("--steps", o.steps, "timed steps per path")->check(integer_in(1, 100000));
+  cmd->add_option("--warmup", o.warmup, "untimed steps first")->check(integer_in(0, 10000));
   cmd->add_option("--refill-delay", o.refill_delay,
                   "steps a finished request's row stays empty (padding rows)")
-      ->check(CLI::Range(0, 1000000));
+      ->check(integer_in(0, 1000000));
   cmd->add_option("--paths", o.paths,
                   "paths, in report order: cpu, cuda-generic, cuda-sm90, each optionally +scrub "
                   "(extra_cache_sanitised=false). Default: cuda-generic,cuda-sm90,cuda-sm90+scrub "
@@ -462,10 +490,11 @@ void register_serve_sim(CLI::App& app) {
   cmd->add_option("--verify-layers", o.verify_layers,
                   "auto (first layer of each kind + the last) | none | layer ids (1,2,3)");
   cmd->add_option("--verify-rows", o.verify_rows, "rows checked per layer")
-      ->check(CLI::Range(1, 4096));
+      ->check(integer_in(1, 4096));
   cmd->add_option("--mem-gb", o.mem_gb,
                   "memory budget in GiB; compressed pools are aliased to fit (0: 85% of free GPU "
-                  "memory, 4 GiB on the CPU)");
+                  "memory, 4 GiB on the CPU)")
+      ->check(number_in(0.0, 1e5));
   cmd->add_option("--seed", o.seed, "random seed");
   cmd->add_option("--json", o.json, "write the results as JSON");
   cmd->add_option("--plot", o.plot,

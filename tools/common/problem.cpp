@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "fast_rng.h"
+#include "progress.h"
 
 namespace sparsemla::tools {
 
@@ -187,7 +188,10 @@ void run_compressor(Problem& pb, const Requests& req, int32_t ratio, const Compr
   for (auto& a : ape) a = 0.1f * rng.normal();
   const int32_t cbs = pb.compressed_cache.block_size;
   int64_t entries = 0;
+  ProgressTicker ticker(cfg.progress,
+                        "compressor (ratio " + std::to_string(ratio) + ") fill, tokens");
   for (int64_t start = 0; start < max_len; start += cfg.chunk) {
+    ticker.update(start, max_len);
     std::vector<int64_t> pos, sslot, cslot;
     std::vector<int32_t> reqi;
     for (int64_t b = 0; b < cfg.batch; ++b) {

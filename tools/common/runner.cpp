@@ -29,8 +29,8 @@ DecodeRun run_decode(const Problem& pb, Path path, int32_t splits, int32_t repea
 }
 
 #if !defined(SPARSEMLA_WITH_CUDA)
-bool cuda_device_available() {
-  return false;
+std::string cuda_device_problem() {
+  return "no CUDA device (this build has no CUDA: SPARSEMLA_ENABLE_CUDA=OFF)";
 }
 #endif
 

@@ -22,7 +22,11 @@ struct DecodeRun {
 DecodeRun run_decode(const Problem& pb, Path path, int32_t splits, int32_t repeat,
                      const std::function<void(const std::string&)>& progress);
 
-// Implemented in runner_cuda.cpp when CUDA is built; returns false when no device is usable.
-bool cuda_device_available();
+// Why no CUDA device is usable ("no CUDA device (...)": a build without CUDA, the runtime's
+// error or 0 devices); empty when one is. Implemented in runner_cuda.cpp when CUDA is built.
+std::string cuda_device_problem();
+inline bool cuda_device_available() {
+  return cuda_device_problem().empty();
+}
 
 }  // namespace sparsemla::tools

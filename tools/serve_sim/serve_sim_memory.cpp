@@ -9,6 +9,8 @@
 
 #include "serve_sim_memory.h"
 
+#include "progress.h"
+
 namespace sparsemla::tools::serve_sim_detail {
 
 void SimMemory::plan_memory() {
@@ -267,7 +269,11 @@ void SimMemory::fill_caches() {
   const bf16_bits* compressed_tmpl = upload_new(random_latents(chunk));
   int64_t* pos_dev = alloc<int64_t>(chunk);
   int64_t* slot_dev = alloc<int64_t>(chunk);
+  // A GPU sweep fills tens of GiB, a CPU fill of 61 layers takes minutes: a line every 2 s.
+  ProgressTicker ticker([this](const std::string& m) { report(m); }, "cache fill, layers");
+  int64_t filled = 0;
   for (const auto& l : layers_) {
+    ticker.update(filled++, static_cast<int64_t>(layers_.size()));
     fill_cache(l.window, rope_of(l.ratio), window_tmpl, chunk, pos_dev, slot_dev);
     if (l.ratio)
       fill_cache(l.compressed, rope_compressed_, compressed_tmpl, chunk, pos_dev, slot_dev);

@@ -1,0 +1,43 @@
+// tools/common/progress.h: progress lines for loops that run longer than a couple of seconds (the
+// compressor fill of a 1M-token context takes ~100 s), printed at most every 2 s so short runs stay
+// quiet.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <string>
+
+namespace sparsemla::tools {
+
+class ProgressTicker {
+ public:
+  using Report = std::function<void(const std::string&)>;
+  ProgressTicker(Report report, std::string stage, double interval_s = 2.0)
+      : report_(std::move(report)),
+        stage_(std::move(stage)),
+        interval_s_(interval_s),
+        last_(std::chrono::steady_clock::now()) {}
+
+  // `done` of `total` units (tokens, pages) finished; prints when the interval has passed.
+  void update(int64_t done, int64_t total) {
+    if (!report_) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (std::chrono::duration<double>(now - last_).count() < interval_s_) return;
+    last_ = now;
+    char line[96];
+    std::snprintf(line, sizeof line, ": %lld / %lld (%.0f%%)", static_cast<long long>(done),
+                  static_cast<long long>(total),
+                  total > 0 ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 0.0);
+    report_(stage_ + line);
+  }
+
+ private:
+  Report report_;
+  std::string stage_;
+  double interval_s_;
+  std::chrono::steady_clock::time_point last_;
+};
+
+}  // namespace sparsemla::tools
