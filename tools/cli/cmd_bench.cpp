@@ -215,12 +215,12 @@ int bench_main(BenchOptions& o, const CLI::App& cmd) {
   if (o.mma_peak && !cuda_device_available())
     throw_arg_error("bench", "--mma-peak", "a CUDA device", "none available");
   if (!o.json.empty()) check_output_file("bench", "--json", o.json);
-  default_to_short_cpu_table(o, cmd);
-  if (o.launch_floor) print_launch_floor(o.timing);
-  if (o.mma_peak) print_mma_peak(o.timing);
   std::vector<BenchShape> shapes;
   if (o.shapes.empty()) shapes = standard_bench_shapes();
   for (const auto& n : o.shapes) shapes.push_back(bench_shape(n));
+  default_to_short_cpu_table(o, cmd);
+  if (o.launch_floor) print_launch_floor(o.timing);
+  if (o.mma_peak) print_mma_peak(o.timing);
   const std::vector<Path> paths = bench_paths(o);
   const BenchData data = parse_bench_data(o.data);
   nlohmann::json results = nlohmann::json::array();
