@@ -333,6 +333,8 @@ int serve_sim_main(ServeSimOptions& o, const CLI::App& cmd) {
     check_output_file("serve-sim", "--plot", o.plot);
     if (o.json.empty()) check_output_file("serve-sim", "--plot", o.plot + ".json");
   }
+  if (o.paths.empty() && !cuda_device_available())
+    progress("no --paths: " + cuda_device_problem() + ", simulating the cpu path");
   if (o.paths.empty()) {
     o.paths = cuda_device_available()
                   ? std::vector<std::string>{"cuda-generic", "cuda-sm90", "cuda-sm90+scrub"}
