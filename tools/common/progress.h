@@ -1,6 +1,6 @@
 // tools/common/progress.h: progress lines for loops that run longer than a couple of seconds (the
-// compressor fill of a 1M-token context takes ~100 s), printed at most every 2 s so short runs stay
-// quiet.
+// compressor fill of a 1M-token context takes ~100 s): the first after 2 s, then one every 10 s,
+// so short runs stay quiet and long ones print a few lines, not one per chunk.
 #pragma once
 
 #include <chrono>
@@ -36,7 +36,8 @@ class ProgressTicker {
  private:
   Report report_;
   std::string stage_;
-  double interval_s_;
+  double wait_s_;  // until the next line: first_s, then every_s
+  double every_s_;
   std::chrono::steady_clock::time_point last_;
 };
 

@@ -269,7 +269,7 @@ void SimMemory::fill_caches() {
   const bf16_bits* compressed_tmpl = upload_new(random_latents(chunk));
   int64_t* pos_dev = alloc<int64_t>(chunk);
   int64_t* slot_dev = alloc<int64_t>(chunk);
-  // A GPU sweep fills tens of GiB, a CPU fill of 61 layers takes minutes: a line every 2 s.
+  // A GPU sweep fills tens of GiB, a CPU fill of 61 layers takes minutes: progress lines.
   ProgressTicker ticker([this](const std::string& m) { report(m); }, "cache fill, layers");
   int64_t filled = 0;
   for (const auto& l : layers_) {
