@@ -3,6 +3,7 @@
 // attention tokens/s, P50/P90/P99 step latency and the ratio to the first path (table, JSON, PNG
 // through scripts/plot-serve-sim). Every run checks a sample of layers against the float64
 // reference (CONTRACT 9) and prints one verification line. docs/SERVE-SIM.md.
+#include <sys/wait.h>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -207,7 +208,9 @@ void draw_plot(const std::string& json, const std::string& png) {
   const bool found = std::ifstream(script).good();
   const int status = found ? std::system(cmd.c_str()) : -1;
   if (status != 0) {
-    const std::string why = found ? script + " exited with status " + std::to_string(status)
+    // std::system returns a wait status: the script's own exit status is in its high byte
+    const int exit_status = WIFEXITED(status) ? WEXITSTATUS(status) : status;
+    const std::string why = found ? script + " exited with status " + std::to_string(exit_status)
                                   : "no script " + script + " (SPARSEMLA_PLOT_SCRIPT names it)";
     throw_arg_error("serve-sim", "--plot", "a PNG drawn by scripts/plot-serve-sim",
                     png + " not drawn: " + why + "; the JSON is in " + json);

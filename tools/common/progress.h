@@ -14,18 +14,20 @@ namespace sparsemla::tools {
 class ProgressTicker {
  public:
   using Report = std::function<void(const std::string&)>;
-  ProgressTicker(Report report, std::string stage, double interval_s = 2.0)
+  ProgressTicker(Report report, std::string stage, double first_s = 2.0, double every_s = 10.0)
       : report_(std::move(report)),
         stage_(std::move(stage)),
-        interval_s_(interval_s),
+        wait_s_(first_s),
+        every_s_(every_s),
         last_(std::chrono::steady_clock::now()) {}
 
-  // `done` of `total` units (tokens, pages) finished; prints when the interval has passed.
+  // `done` of `total` units (tokens, layers) finished; prints once the wait has passed.
   void update(int64_t done, int64_t total) {
     if (!report_) return;
     const auto now = std::chrono::steady_clock::now();
-    if (std::chrono::duration<double>(now - last_).count() < interval_s_) return;
+    if (std::chrono::duration<double>(now - last_).count() < wait_s_) return;
     last_ = now;
+    wait_s_ = every_s_;
     char line[96];
     std::snprintf(line, sizeof line, ": %lld / %lld (%.0f%%)", static_cast<long long>(done),
                   static_cast<long long>(total),
