@@ -118,8 +118,11 @@ void write_output_file(const char* command, const std::string& option, const std
     throw_unwritable(command, option, file, std::strerror(written ? errno : write_errno));
 }
 
+bool names_cuda_path(const std::string& path) {
+  return path.rfind("cuda", 0) == 0;
+}
+
 void require_cuda_device(const char* command, const std::string& option, const std::string& path) {
-  if (path.rfind("cuda", 0) != 0) return;
   const std::string problem = cuda_device_problem();
   if (!problem.empty()) throw_arg_error(command, option, "a CUDA device for " + path, problem);
 }

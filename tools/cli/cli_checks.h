@@ -24,7 +24,9 @@ void check_output_file(const char* command, const std::string& option, const std
 void write_output_file(const char* command, const std::string& option, const std::string& file,
                        const std::string& text);
 
-// Fails naming the option and the missing device when `path` is a CUDA path and none is usable.
+// Whether a path name (cuda-generic, cuda-sm90+scrub, ...) runs on the GPU.
+bool names_cuda_path(const std::string& path);
+// Fails naming the option, the path and the missing device when no CUDA device is usable.
 void require_cuda_device(const char* command, const std::string& option, const std::string& path);
 
 }  // namespace sparsemla::tools

@@ -73,7 +73,7 @@ void write_json(const std::string& file, const Problem& pb, const DecodeRun& r,
 int run_main(const RunOptions& o) {
   // Before the build (minutes at long contexts): a bad --json or a missing GPU fails at once.
   if (!o.json.empty()) check_output_file("run", "--json", o.json);
-  require_cuda_device("run", "--path", o.path);
+  if (names_cuda_path(o.path)) require_cuda_device("run", "--path", o.path);
   const auto t0 = std::chrono::steady_clock::now();
   auto progress = [&](const std::string& msg) {
     if (!o.quiet) std::fprintf(stderr, "[run %7.2fs] %s\n", seconds_since(t0), msg.c_str());

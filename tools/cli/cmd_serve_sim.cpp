@@ -329,7 +329,8 @@ int serve_sim_main(ServeSimOptions& o, const CLI::App& cmd) {
   };
   if (o.smoke) apply_smoke(o, cmd);
   if (!o.path.empty()) o.paths.insert(o.paths.begin(), o.path);
-  for (const auto& name : o.paths) require_cuda_device("serve-sim", "--paths", name);
+  for (const auto& name : o.paths)
+    if (names_cuda_path(name)) require_cuda_device("serve-sim", "--paths", name);
   // Before the simulation (minutes on a GPU sweep): an unwritable output fails at once.
   if (!o.json.empty()) check_output_file("serve-sim", "--json", o.json);
   if (!o.plot.empty()) {
