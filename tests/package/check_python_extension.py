@@ -43,11 +43,19 @@ v = sparsemla.verify_decode_output(out, want, a)
 assert v["passed"], v["summary"]
 
 if has_cuda:
+    import ctypes
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        driver = True
+    except OSError:
+        driver = False
     try:
         plan = sparsemla.plan_decode(1, H, 128, device="cuda:0")
     except sparsemla.Error as e:
+        assert "CUDA" in str(e), e
         print("CUDA call without a GPU:", e)
     else:
+        assert driver, "a CUDA call succeeded without a driver"
         print("a CUDA device is present:", plan)
 print("standalone import OK, cuda" if has_cuda else "standalone import OK, cpu-only")
 """

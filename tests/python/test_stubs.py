@@ -110,7 +110,7 @@ def functions():
                 yield pytest.param(mod, node, id=f"{mod.__name__}.{fname}")
 
 
-@pytest.mark.parametrize("mod,node", functions())
+@pytest.mark.parametrize("mod,node", list(functions()))
 def test_stub_signatures_match(mod, node):
     want, got = runtime_params(getattr(mod, node.name)), stub_params(node)
     if node.name in SPELLED_KWARGS:
