@@ -9,7 +9,8 @@ the tensor's current stream. When torch is importable the operations are also re
 
 import os as _os
 
-# torch first (when present): its CUDA runtime is then the one the extension binds to as well.
+# torch first (when present): its CUDA libraries load before the extension, which carries its own
+# static CUDA runtime (both work in the driver's primary context, so pointers and streams are shared).
 _torch = None
 if not _os.environ.get("SPARSEMLA_NO_TORCH"):
     try:
