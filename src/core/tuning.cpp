@@ -39,6 +39,15 @@ Tuning parse_tuning(const char* (*lookup)(const char* name)) {
                         "SPARSEMLA_RESCALE_LAG", "a number of nats in [0, 64]", s);
     t.rescale_lag = v;
   }
+  if (const char* s = env("SPARSEMLA_CPU_ISA")) {
+    const std::string v(s);
+    SPARSEMLA_CHECK_ARG(v == "auto" || v == "baseline" || v == "avx2" || v == "avx512", "tuning",
+                        "SPARSEMLA_CPU_ISA", "auto, baseline, avx2 or avx512", v);
+    t.cpu_isa = v == "baseline" ? CpuIsaChoice::Baseline
+                : v == "avx2"   ? CpuIsaChoice::Avx2
+                : v == "avx512" ? CpuIsaChoice::Avx512
+                                : CpuIsaChoice::Auto;
+  }
   return t;
 }
 

@@ -20,6 +20,10 @@ inline constexpr int32_t kSm90FusedMaxSplits = SPARSEMLA_SM90_FUSED_MAX_SPLITS;
 static_assert(kSm90FusedMaxSplits >= 2 && kSm90FusedMaxSplits <= 8,
               "a cluster fuses 2..8 splits (the portable cluster size)");
 
+// Instruction-set level of the CPU backend's hot loops (src/cpu/isa.h). Auto: the best the CPU
+// supports (cpuid, once per process).
+enum class CpuIsaChoice : int32_t { Auto, Baseline, Avx2, Avx512 };
+
 struct Tuning {
   // SPARSEMLA_GENERIC_WS=0: the generic path's HB = 4 calls run the 256-thread kernel instead of
   // the warp-specialised one on sm_90+ (default: warp-specialised, docs/GENERIC.md).
@@ -30,6 +34,10 @@ struct Tuning {
   // SPARSEMLA_RESCALE_LAG=<nats in [0, 64]>: how far the running max may lag before acc and l are
   // rescaled (default 0: eager, docs/NUMERICS.md section 6; 8 was the previous lazy rescale).
   float rescale_lag = 0.0f;
+  // SPARSEMLA_CPU_ISA=baseline|avx2|avx512: forces the CPU backend's instruction-set level (tests
+  // run the CPU suite once per level the machine has; a level the CPU lacks is an error at the
+  // first CPU call). Default auto: the best level cpuid reports (docs/PERF.md, CPU backend).
+  CpuIsaChoice cpu_isa = CpuIsaChoice::Auto;
 };
 
 // The knobs, read from the environment on first use (throws sparsemla::Error naming the variable

@@ -5,6 +5,9 @@
 // exact for codes >= 8), fp32 accumulation of Q.K and P.V, probabilities rounded to bf16 before
 // P.V while l sums the fp32 probabilities, fp32 combine, one bf16 rounding of the output.
 //
+// The hot loops (dequantise, Q.K, softmax, P.V) are in src/cpu/decode_kernels.inc, compiled per
+// instruction-set level; the level is chosen once per process (src/cpu/isa.h).
+//
 // Structure: one work item = (token t, split s, block of <= 16 heads). Its keys are visited in
 // blocks of 32; each block is dequantised once and shared by the heads of the item (keys outer,
 // heads inner), with one online-softmax step per (head, block). Every (t, s, h) is computed by one
@@ -19,7 +22,8 @@
 
 #include "cpu/cpu_backend.h"
 #include "cpu/decode_common.h"
-#include "cpu/row_decode.h"
+#include "cpu/decode_kernels.h"
+#include "cpu/isa.h"
 #include "sparsemla/plan.h"
 
 namespace sparsemla::cpu {
@@ -29,7 +33,6 @@ namespace {
 constexpr int kDim = Fp8DsMla::kHeadDim;
 constexpr int kNope = Fp8DsMla::kNopeDims;
 constexpr int kPairs = Fp8DsMla::kRopeDims / 2;
-constexpr int kKeyBlock = kPlanKeyBlock;    // keys per online-softmax step (bk = 32)
 constexpr int kHeadBlock = kPlanHeadBlock;  // heads sharing one dequantised key block (16)
 constexpr int kMaxSplits = kSpecialisedMaxSplits;
 constexpr float kNoMass = -FLT_MAX;  // m of a split without mass (CONTRACT 4.3)
@@ -65,6 +68,9 @@ struct Job {
   int64_t q_stride_token;
   int64_t out_stride_token;
   int64_t lse_stride_token;
+  // The hot loops of this process's level, resolved before any parallel region (cpu_isa() may throw
+  // for a bad SPARSEMLA_CPU_ISA, which must not escape an OpenMP region).
+  AbsorbSegmentFn absorb_segment;
 
   Job(const DecodeParams& params, const DecodePlan& plan, void* workspace)
       : p(params),
@@ -77,8 +83,8 @@ struct Job {
                                                   : int64_t{params.num_heads} * kDim),
         out_stride_token(params.out_stride_token != 0 ? params.out_stride_token
                                                       : int64_t{params.num_heads} * kDim),
-        lse_stride_token(params.lse_stride_token != 0 ? params.lse_stride_token
-                                                      : params.num_heads) {}
+        lse_stride_token(params.lse_stride_token != 0 ? params.lse_stride_token : params.num_heads),
+        absorb_segment(absorb_segment_for(cpu_isa())) {}
 
   // Offset of lse row t (DecodeParams::lse_group: rows in groups, FlashMLA's [b, h, s_q]).
   int64_t lse_row(int64_t t) const {
@@ -93,144 +99,6 @@ struct Job {
     return adaptive ? adaptive_active_splits(len_main, len_extra, splits, one_wave) : splits;
   }
 };
-
-// Per-thread scratch: one dequantised key block, the head block's q, scores and running state.
-struct Scratch {
-  alignas(64) float keys[kKeyBlock][kDim];
-  alignas(64) float q[kHeadBlock][kDim];
-  alignas(64) float acc[kHeadBlock][kDim];
-  float score[kHeadBlock][kKeyBlock];
-  float prob[kHeadBlock][kKeyBlock];  // bf16-rounded probabilities of the current block
-  float alpha[kHeadBlock];            // rescale of acc for the current block
-  float m[kHeadBlock];
-  float l[kHeadBlock];
-};
-
-// Four fp32 lanes in one vector register (GCC/Clang vector extension: SSE2 on x86-64, NEON on
-// arm64, with the library's default flags). Element-wise IEEE arithmetic, like scalar code.
-using F4 = float __attribute__((vector_size(16)));
-inline F4 load4(const float* p) {
-  F4 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-inline void store4(float* p, F4 v) {
-  std::memcpy(p, &v, sizeof v);
-}
-inline F4 splat4(float x) {
-  return F4{x, x, x, x};
-}
-inline float sum4(F4 v) {
-  return (v[0] + v[2]) + (v[1] + v[3]);
-}
-
-// score[h][j] = scale * <q_h, k_j> for NH heads x NK keys from (h0, j0). Every (h, j) accumulates
-// in 4 lanes over d in order, then a fixed tree, so its bits do not depend on the tile shape; the
-// tile only shares loads (2 heads x 4 keys: 6 loads per 8 vector multiply-adds).
-template <int NH, int NK>
-void score_tile(Scratch& sc, int h0, int j0, float scale) {
-  F4 acc[NH][NK] = {};
-  for (int d = 0; d < kDim; d += 4) {
-    F4 q[NH];
-    for (int i = 0; i < NH; ++i) q[i] = load4(sc.q[h0 + i] + d);
-    for (int k = 0; k < NK; ++k) {
-      const F4 key = load4(sc.keys[j0 + k] + d);
-      for (int i = 0; i < NH; ++i) acc[i][k] += q[i] * key;
-    }
-  }
-  for (int i = 0; i < NH; ++i) {
-    for (int k = 0; k < NK; ++k) sc.score[h0 + i][j0 + k] = scale * sum4(acc[i][k]);
-  }
-}
-
-template <int NH>
-void score_heads(Scratch& sc, int h0, int n, float scale) {
-  int j = 0;
-  for (; j + 4 <= n; j += 4) score_tile<NH, 4>(sc, h0, j, scale);
-  for (; j < n; ++j) score_tile<NH, 1>(sc, h0, j, scale);
-}
-
-// K as the kernels see it: dequantised (scrubbed per the gate), then rounded to bf16. The rounding
-// only changes NoPE tiles with code < 8 (CONTRACT 2.1: e4m3 * 2^(code-127) is exact in bf16 for
-// codes >= 8, +-inf and NaN stay) and never the stored bf16 RoPE values, so only those tiles are
-// rounded.
-void load_key(const CacheView& cache, int64_t slot, bool scrub, float* k) {
-  decode_row_f32(cache, slot, scrub, k);
-  const uint8_t* codes = cache.base + mla_scale_offset(slot, cache.block_size, cache.block_stride);
-  for (int tile = 0; tile < Fp8DsMla::kNumTiles; ++tile) {
-    if (codes[tile] >= 8) continue;
-    float* x = k + tile * Fp8DsMla::kTileDims;
-    for (int d = 0; d < Fp8DsMla::kTileDims; ++d) x[d] = round_to_bf16(x[d]);
-  }
-}
-
-// Online-softmax step of head h over the n scored keys (CONTRACT 4.2 numerics): new max, rescale
-// factor, fp32 probabilities summed into l, bf16-rounded copies kept for P.V.
-void softmax_step(Scratch& sc, int h, int n) {
-  const float* z = sc.score[h];
-  float block_max = kNoMass;
-  for (int j = 0; j < n; ++j) block_max = std::fmax(block_max, z[j]);
-  const float m_new = std::fmax(sc.m[h], block_max);
-  const float alpha = std::exp(sc.m[h] - m_new);  // 0 on the first block (m = -FLT_MAX)
-  float p_sum = 0.0f;
-  for (int j = 0; j < n; ++j) {
-    const float prob = std::exp(z[j] - m_new);
-    p_sum += prob;                        // l sums the fp32 probabilities ...
-    sc.prob[h][j] = round_to_bf16(prob);  // ... P.V uses them rounded to bf16
-  }
-  sc.l[h] = sc.l[h] * alpha + p_sum;
-  sc.m[h] = m_new;
-  sc.alpha[h] = alpha;
-}
-
-// acc_h = acc_h * alpha_h + sum_j prob_h[j] * k_j for NH heads from h0 (NH = 1 or 2), 16 dims
-// per pass with the accumulators in registers; two heads share each load of a key. Per element
-// the order is fixed (rescale, then keys in order), so the bits do not depend on the pairing.
-template <int NH>
-void accumulate_pv(Scratch& sc, int h0, int n) {
-  constexpr int kVecs = 4;  // 16 dims
-  for (int d0 = 0; d0 < kDim; d0 += 4 * kVecs) {
-    F4 a[NH][kVecs];
-    for (int i = 0; i < NH; ++i) {
-      const F4 alpha = splat4(sc.alpha[h0 + i]);
-      for (int v = 0; v < kVecs; ++v) a[i][v] = load4(sc.acc[h0 + i] + d0 + 4 * v) * alpha;
-    }
-    for (int j = 0; j < n; ++j) {
-      F4 key[kVecs];
-      for (int v = 0; v < kVecs; ++v) key[v] = load4(sc.keys[j] + d0 + 4 * v);
-      for (int i = 0; i < NH; ++i) {
-        const F4 p = splat4(sc.prob[h0 + i][j]);
-        for (int v = 0; v < kVecs; ++v) a[i][v] += p * key[v];
-      }
-    }
-    for (int i = 0; i < NH; ++i) {
-      for (int v = 0; v < kVecs; ++v) store4(sc.acc[h0 + i] + d0 + 4 * v, a[i][v]);
-    }
-  }
-}
-
-// Keys [range.begin, range.end) of one list row, in blocks of 32; invalid slots are skipped
-// (score -FLT_MAX, probability 0: they contribute nothing).
-void absorb_segment(const CacheView& cache, const ListRow& row, SplitRange range, bool scrub,
-                    int num_heads, float scale, Scratch& sc) {
-  for (int64_t b = range.begin; b < range.end; b += kKeyBlock) {
-    const int64_t e = std::min<int64_t>(b + kKeyBlock, range.end);
-    int n = 0;
-    for (int64_t j = b; j < e; ++j) {
-      const int64_t slot = row.indices[j];
-      if (slot_is_valid(slot, cache.num_blocks, cache.block_size)) {
-        load_key(cache, slot, scrub, sc.keys[n++]);
-      }
-    }
-    if (n == 0) continue;
-    int h = 0;
-    for (; h + 2 <= num_heads; h += 2) score_heads<2>(sc, h, n, scale);
-    if (h < num_heads) score_heads<1>(sc, h, n, scale);
-    for (h = 0; h < num_heads; ++h) softmax_step(sc, h, n);
-    for (h = 0; h + 2 <= num_heads; h += 2) accumulate_pv<2>(sc, h, n);
-    if (h < num_heads) accumulate_pv<1>(sc, h, n);
-  }
-}
 
 // The partials of some splits of one (t, h): split i has m[i*stride], l[i*stride] and its
 // accumulator at acc + i*stride*512.
@@ -325,11 +193,11 @@ void run_item(const Job& job, int64_t t, int32_t s, int32_t head0, int num_heads
       std::fill(sc.acc[h], sc.acc[h] + kDim, 0.0f);
     }
     // Active splits cut each segment by `work` (CONTRACT 4.5); main and extra separately (4.3).
-    absorb_segment(p.main_cache, main, split_range(main.length, work, s), /*scrub=*/true, num_heads,
-                   p.scale, sc);
+    job.absorb_segment(p.main_cache, main, split_range(main.length, work, s), /*scrub=*/true,
+                       num_heads, p.scale, sc);
     if (p.has_extra) {
-      absorb_segment(p.extra_cache, extra, split_range(extra.length, work, s), job.scrub_extra,
-                     num_heads, p.scale, sc);
+      job.absorb_segment(p.extra_cache, extra, split_range(extra.length, work, s), job.scrub_extra,
+                         num_heads, p.scale, sc);
     }
   }
   for (int h = 0; h < num_heads; ++h) {

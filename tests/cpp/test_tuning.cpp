@@ -29,6 +29,7 @@ TEST(Tuning, DefaultsAreTheMeasuredChoices) {
   EXPECT_TRUE(t.generic_ws);
   EXPECT_EQ(t.generic_head_blocks, 0);
   EXPECT_EQ(t.rescale_lag, 0.0f);
+  EXPECT_EQ(t.cpu_isa, CpuIsaChoice::Auto);
   EXPECT_EQ(parse_with({{"SPARSEMLA_RESCALE_LAG", ""}}).rescale_lag, 0.0f);  // empty: unset
 }
 
@@ -40,6 +41,10 @@ TEST(Tuning, AcceptedValues) {
   EXPECT_EQ(t.generic_head_blocks, 2);
   EXPECT_EQ(t.rescale_lag, 8.0f);
   EXPECT_EQ(parse_with({{"SPARSEMLA_RESCALE_LAG", "1.5"}}).rescale_lag, 1.5f);
+  EXPECT_EQ(parse_with({{"SPARSEMLA_CPU_ISA", "baseline"}}).cpu_isa, CpuIsaChoice::Baseline);
+  EXPECT_EQ(parse_with({{"SPARSEMLA_CPU_ISA", "avx2"}}).cpu_isa, CpuIsaChoice::Avx2);
+  EXPECT_EQ(parse_with({{"SPARSEMLA_CPU_ISA", "avx512"}}).cpu_isa, CpuIsaChoice::Avx512);
+  EXPECT_EQ(parse_with({{"SPARSEMLA_CPU_ISA", "auto"}}).cpu_isa, CpuIsaChoice::Auto);
 }
 
 TEST(Tuning, MalformedValuesNameTheVariable) {
@@ -47,7 +52,8 @@ TEST(Tuning, MalformedValuesNameTheVariable) {
       {{"SPARSEMLA_GENERIC_WS", "yes"}},  {{"SPARSEMLA_GENERIC_HB", "3"}},
       {{"SPARSEMLA_GENERIC_HB", "4x"}},   {{"SPARSEMLA_RESCALE_LAG", "-1"}},
       {{"SPARSEMLA_RESCALE_LAG", "65"}},  {{"SPARSEMLA_RESCALE_LAG", "8 nats"}},
-      {{"SPARSEMLA_RESCALE_LAG", "nan"}},
+      {{"SPARSEMLA_RESCALE_LAG", "nan"}}, {{"SPARSEMLA_CPU_ISA", "sse2"}},
+      {{"SPARSEMLA_CPU_ISA", "AVX2"}},
   };
   for (const auto& env : bad) {
     const std::string name = env.begin()->first;
