@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/isa.h"
 #include "sparsemla/decode.h"
 #include "sparsemla/numerics.h"
 
@@ -172,6 +173,8 @@ void register_all() {
 
 int main(int argc, char** argv) {
   register_all();
+  // The level the decode runs at (SPARSEMLA_CPU_ISA forces one): PERF.md's table has one per level.
+  benchmark::AddCustomContext("cpu_isa", sparsemla::cpu::cpu_isa_name(sparsemla::cpu::cpu_isa()));
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

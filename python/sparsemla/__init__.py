@@ -22,7 +22,7 @@ from . import _C  # noqa: E402
 from ._ops import (BYTES_PER_TOKEN, DEFAULT_SCALE, INDEXER_BYTES_PER_TOKEN, DecodePlan, Error,
                    alloc_ragged, bf16_bits_to_float, build_compressed_all_lists,
                    build_ragged_from_dense, build_rope_table, build_topk_lists, build_window_lists,
-                   built_with_cuda, compress, compress_indexer, decode_num_splits,
+                   built_with_cuda, compress, compress_indexer, cpu_isa, decode_num_splits,
                    dequantize_indexer_rows, dequantize_rows, float_to_bf16_bits,
                    gather_indexer_keys, inverse_rope, is_supported, max_compressed_entries,
                    plan_decode, plan_decode_for, quantize, quantize_indexer, sparse_decode,
@@ -44,7 +44,8 @@ from . import testing  # noqa: E402
 __all__ = [
     "__version__", "alloc_ragged", "bf16_bits_to_float", "build_compressed_all_lists",
     "build_ragged_from_dense", "build_rope_table", "build_topk_lists", "build_window_lists",
-    "built_with_cuda", "BYTES_PER_TOKEN", "compress", "compress_indexer", "decode_num_splits",
+    "built_with_cuda", "BYTES_PER_TOKEN", "compress", "compress_indexer", "cpu_isa",
+    "decode_num_splits",
     "DecodePlan", "DEFAULT_SCALE", "dequantize_indexer_rows", "dequantize_rows", "Error",
     "flashmla", "float_to_bf16_bits", "gather_indexer_keys", "HAS_TORCH_OPS",
     "INDEXER_BYTES_PER_TOKEN", "inverse_rope", "is_supported", "max_compressed_entries",

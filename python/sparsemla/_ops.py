@@ -967,3 +967,9 @@ def verify_decode_output(out, ref, abs_mean):
 def built_with_cuda():
     """True when this build holds the CUDA kernels."""
     return _C.built_with_cuda()
+
+
+def cpu_isa():
+    """The CPU backend's instruction-set level in this process: "baseline", "avx2" or "avx512" (the
+    best the CPU supports, or the one SPARSEMLA_CPU_ISA forces)."""
+    return _C.cpu_isa()

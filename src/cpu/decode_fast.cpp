@@ -70,7 +70,7 @@ struct Job {
   int64_t lse_stride_token;
   // The hot loops of this process's level, resolved before any parallel region (cpu_isa() may throw
   // for a bad SPARSEMLA_CPU_ISA, which must not escape an OpenMP region).
-  AbsorbSegmentFn absorb_segment;
+  decltype(DecodeKernels::absorb_segment) absorb_segment;
 
   Job(const DecodeParams& params, const DecodePlan& plan, void* workspace)
       : p(params),
@@ -84,7 +84,7 @@ struct Job {
         out_stride_token(params.out_stride_token != 0 ? params.out_stride_token
                                                       : int64_t{params.num_heads} * kDim),
         lse_stride_token(params.lse_stride_token != 0 ? params.lse_stride_token : params.num_heads),
-        absorb_segment(absorb_segment_for(cpu_isa())) {}
+        absorb_segment(decode_kernels_for(cpu_isa()).absorb_segment) {}
 
   // Offset of lse row t (DecodeParams::lse_group: rows in groups, FlashMLA's [b, h, s_q]).
   int64_t lse_row(int64_t t) const {

@@ -28,35 +28,31 @@ struct Scratch {
   float l[kDecodeHeadBlock];
 };
 
-// Absorbs keys [range.begin, range.end) of one list row into the running (m, l, acc) of the
-// scratch's num_heads heads (CONTRACT 4.2 numerics), in blocks of 32 keys; invalid slots are
-// skipped. The result depends on the level, never on the thread count.
-using AbsorbSegmentFn = void (*)(const CacheView& cache, const ListRow& row, SplitRange range,
-                                 bool scrub, int num_heads, float scale, Scratch& sc);
+// One level's entry points. absorb_segment: keys [range.begin, range.end) of one list row into the
+// running (m, l, acc) of the scratch's num_heads heads (CONTRACT 4.2 numerics), in blocks of 32
+// keys, invalid slots skipped; the result depends on the level, never on the thread count. The two
+// others expose the level's dequantisation (K as the decode sees it) and its exp to the tests.
+struct DecodeKernels {
+  void (*absorb_segment)(const CacheView& cache, const ListRow& row, SplitRange range, bool scrub,
+                         int num_heads, float scale, Scratch& sc);
+  void (*load_key)(const CacheView& cache, int64_t slot, bool scrub, float* k512);
+  void (*exp_values)(const float* x, int n, float* y);
+};
 
-namespace baseline {
-void absorb_segment(const CacheView& cache, const ListRow& row, SplitRange range, bool scrub,
-                    int num_heads, float scale, Scratch& sc);
-}
-namespace avx2 {
-void absorb_segment(const CacheView& cache, const ListRow& row, SplitRange range, bool scrub,
-                    int num_heads, float scale, Scratch& sc);
-}
-namespace avx512 {
-void absorb_segment(const CacheView& cache, const ListRow& row, SplitRange range, bool scrub,
-                    int num_heads, float scale, Scratch& sc);
-}
+#define SPARSEMLA_DECLARE_DECODE_KERNELS(level)                                                 \
+  namespace level {                                                                             \
+  void absorb_segment(const CacheView& cache, const ListRow& row, SplitRange range, bool scrub, \
+                      int num_heads, float scale, Scratch& sc);                                 \
+  void load_key_row(const CacheView& cache, int64_t slot, bool scrub, float* k512);             \
+  void exp_values(const float* x, int n, float* y);                                             \
+  inline constexpr DecodeKernels kKernels{absorb_segment, load_key_row, exp_values};            \
+  }
+SPARSEMLA_DECLARE_DECODE_KERNELS(baseline)
+SPARSEMLA_DECLARE_DECODE_KERNELS(avx2)
+SPARSEMLA_DECLARE_DECODE_KERNELS(avx512)
+#undef SPARSEMLA_DECLARE_DECODE_KERNELS
 
-// The implementation of a level; only called for levels cpu_supports() says this build has.
-inline AbsorbSegmentFn absorb_segment_for(CpuIsa isa) {
-#if defined(SPARSEMLA_CPU_X86_LEVELS)
-  if (isa == CpuIsa::Avx2) return avx2::absorb_segment;
-#if defined(SPARSEMLA_CPU_HAVE_AVX512)
-  if (isa == CpuIsa::Avx512) return avx512::absorb_segment;
-#endif
-#endif
-  (void)isa;
-  return baseline::absorb_segment;
-}
+// The implementation of a level (src/cpu/isa.cpp); baseline for a level this build lacks.
+const DecodeKernels& decode_kernels_for(CpuIsa isa);
 
 }  // namespace sparsemla::cpu

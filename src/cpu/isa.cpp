@@ -4,7 +4,9 @@
 #include <string>
 
 #include "core/tuning.h"
+#include "cpu/decode_kernels.h"
 #include "sparsemla/error.h"
+#include "sparsemla/version.h"
 
 namespace sparsemla::cpu {
 
@@ -60,6 +62,27 @@ bool cpu_supports(CpuIsa isa) {
 CpuIsa cpu_isa() {
   static const CpuIsa isa = resolve_cpu_isa();  // a throw leaves it unset: the next call throws too
   return isa;
+}
+
+}  // namespace sparsemla::cpu
+
+namespace sparsemla {
+const char* cpu_isa() {
+  return cpu::cpu_isa_name(cpu::cpu_isa());
+}
+}  // namespace sparsemla
+
+namespace sparsemla::cpu {
+
+const DecodeKernels& decode_kernels_for(CpuIsa isa) {
+#if defined(SPARSEMLA_CPU_X86_LEVELS)
+  if (isa == CpuIsa::Avx2) return avx2::kKernels;
+#if defined(SPARSEMLA_CPU_HAVE_AVX512)
+  if (isa == CpuIsa::Avx512) return avx512::kKernels;
+#endif
+#endif
+  (void)isa;
+  return baseline::kKernels;
 }
 
 }  // namespace sparsemla::cpu

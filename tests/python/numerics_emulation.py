@@ -116,6 +116,33 @@ def expf(x):
         return _f32_of_f64(np.exp(x.astype(np.float64)), x, "expf", 0.01)
 
 
+def _f32_bits(u):
+    return np.array(u, dtype=np.uint32).view(F32)
+
+
+def exp_cpu_lanes(x):
+    """The CPU fast path's vectorised exp of the probabilities at the baseline level (exp_lanes of
+    src/cpu/decode_kernels.inc: no FMA, every step an fp32 operation), bit for bit. Constants by their
+    bits, as the C++ float literals round them."""
+    x = np.asarray(x, dtype=F32)
+    log2e, ln2_hi, ln2_lo = _f32_bits(0x3FB8AA3B), _f32_bits(0x3F318000), _f32_bits(0xB95E8083)
+    rnd = F32(12582912.0)  # 1.5 * 2^23
+    with np.errstate(all="ignore"):
+        xc = np.where(x > F32(-88), x, F32(-88)).astype(F32)  # NaN -> -88, fixed below
+        xr = np.where(xc < F32(88), xc, F32(88)).astype(F32)
+        n = (((xr * log2e).astype(F32) + rnd).astype(F32) - rnd).astype(F32)
+        r = ((xr - (n * ln2_hi).astype(F32)).astype(F32) - (n * ln2_lo).astype(F32)).astype(F32)
+        p = np.full_like(r, F32(1) / F32(5040))
+        for c in (F32(1) / F32(720), F32(1) / F32(120), F32(1) / F32(24), F32(1) / F32(6),
+                  F32(0.5), F32(1), F32(1)):
+            p = ((p * r).astype(F32) + c).astype(F32)
+        biased = ((n + rnd).astype(F32).view(np.uint32) - rnd.view(np.uint32) + np.uint32(127))
+        e = (p * (biased.astype(np.uint32) << np.uint32(23)).view(F32)).astype(F32)
+        e = np.where(x < _f32_bits(0xC2AEAC4F), F32(0), e)
+        e = np.where(x > _f32_bits(0x42B17217), F32(np.inf), e)
+        return np.where(np.isnan(x), x, e).astype(F32)
+
+
 def logf(x):
     x = np.asarray(x, dtype=F32)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -311,9 +338,10 @@ def _split_state(cfg, q, keys, blocks, scale):
         with np.errstate(over="ignore"):  # first tile: -FLT_MAX - max (x log2e) -> -inf, alpha 0
             dm = np.where(move, (m - bmax).astype(F32), F32(0)).astype(F32)
             dm2 = np.where(first, -np.inf, dm * LOG2E).astype(F32)
-        if cfg.exp_arg == "nat":
+        if cfg.exp_arg == "nat":  # the CPU: std::exp for alpha, its vectorised exp for p
             alpha = expf(dm)
-            p = expf((zt - m_use[:, None]).astype(F32))
+            ex = exp_cpu_lanes if cfg.qk == "lanes4" else expf
+            p = ex((zt - m_use[:, None]).astype(F32))
         elif cfg.exp_arg == "sub_mul" and not log2_m:
             alpha = exp2_gpu(dm2)
             p = exp2_gpu(((zt - m_use[:, None]).astype(F32) * LOG2E).astype(F32))
@@ -326,10 +354,12 @@ def _split_state(cfg, q, keys, blocks, scale):
                           - m_use[:, None].astype(np.float64)).astype(F32))
         alpha = np.where(first, F32(0), alpha).astype(F32)
         p = p.astype(F32)
-        if cfg.qk == "lanes4":  # CPU: p_sum in key order
-            psum = np.zeros(H, dtype=F32)
+        if cfg.qk == "lanes4":  # CPU: key j into lane j % 4 in key order, then (l0 + l2) + (l1 + l3)
+            lanes = np.zeros((H, 4), dtype=F32)
             for j in range(p.shape[1]):
-                psum = (psum + p[:, j]).astype(F32)
+                lanes[:, j % 4] = (lanes[:, j % 4] + p[:, j]).astype(F32)
+            psum = ((lanes[:, 0] + lanes[:, 2]).astype(F32) +
+                    (lanes[:, 1] + lanes[:, 3]).astype(F32)).astype(F32)
         else:
             psum = np.sum(p.astype(np.float64), axis=1).astype(F32)
         pr = round_bf16(p) if cfg.p_round == "bf16" else p

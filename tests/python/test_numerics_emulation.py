@@ -12,6 +12,15 @@ import sparsemla
 
 SCALE = float(np.float32(512 ** -0.5))
 
+# CPU_FAST is the baseline level's arithmetic (4 lanes, no FMA, src/cpu/decode_kernels.inc). The
+# wider levels round differently, inside CONTRACT 9.9 (tests/cpp/test_cpu_isa.cpp and the CPU suite
+# at every level); where the best level is wider, scripts/test runs this file once more with
+# SPARSEMLA_CPU_ISA=baseline.
+needs_baseline_level = pytest.mark.skipif(
+    sparsemla.cpu_isa() != "baseline",
+    reason=f"bit-exact model of the baseline level; this process runs {sparsemla.cpu_isa()} "
+           "(SPARSEMLA_CPU_ISA=baseline runs it)")
+
 
 def kit_cache(rng, n, block_size, pad=0):
     nope, codes, rope = ne.quantize_kit(ne.kit_latents(rng, n))
@@ -83,6 +92,7 @@ CASES = [  # (extra, sink, rope, splits, peaked)
 
 
 @pytest.mark.parametrize("extra,sink,rope,splits,peaked", CASES)
+@needs_baseline_level
 def test_emulation_matches_cpu_fast_path_bit_for_bit(rng, extra, sink, rope, splits, peaked):
     p = Problem(rng, 8, 20, extra, sink, rope, peaked)  # 20 heads: a 16-head block + an odd rest
     out, lse = p.library(splits)
@@ -93,6 +103,7 @@ def test_emulation_matches_cpu_fast_path_bit_for_bit(rng, extra, sink, rope, spl
     assert np.array_equal(lse.view(np.uint32), e_lse.view(np.uint32))
 
 
+@needs_baseline_level
 def test_emulation_matches_cpu_fast_path_at_64_heads(rng):
     p = Problem(rng, 4, 64, True, True, False, True)
     out, lse = p.library(4)
