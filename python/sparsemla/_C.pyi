@@ -13,6 +13,8 @@ class Error(ValueError):
 
 def built_with_cuda() -> bool: ...
 
+def cpu_isa() -> str: ...
+
 BYTES_PER_TOKEN: int = 584
 
 INDEXER_BYTES_PER_TOKEN: int = 132

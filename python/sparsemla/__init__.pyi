@@ -45,6 +45,7 @@ class _VerifyResult(TypedDict):
     summary: str
 
 def built_with_cuda() -> bool: ...
+def cpu_isa() -> str: ...
 def float_to_bf16_bits(x: _Array) -> _Array: ...
 def bf16_bits_to_float(b: _Array) -> _Array: ...
 def quantize(x: _Array, *, block: int = 64, sanitise: bool = True) -> tuple[_Array, _Array]: ...
@@ -138,7 +139,8 @@ def verify_decode_output(out: _Array, ref: _Array, abs_mean: _Array) -> _VerifyR
 __all__ = [
     "__version__", "alloc_ragged", "bf16_bits_to_float", "build_compressed_all_lists",
     "build_ragged_from_dense", "build_rope_table", "build_topk_lists", "build_window_lists",
-    "built_with_cuda", "BYTES_PER_TOKEN", "compress", "compress_indexer", "decode_num_splits",
+    "built_with_cuda", "BYTES_PER_TOKEN", "compress", "compress_indexer", "cpu_isa",
+    "decode_num_splits",
     "DecodePlan", "DEFAULT_SCALE", "dequantize_indexer_rows", "dequantize_rows", "Error",
     "flashmla", "float_to_bf16_bits", "gather_indexer_keys", "HAS_TORCH_OPS",
     "INDEXER_BYTES_PER_TOKEN", "inverse_rope", "is_supported", "max_compressed_entries",
