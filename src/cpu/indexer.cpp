@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "cpu/cpu_backend.h"
+#include "cpu/row_decode.h"
 #include "cpu/writer_common.h"
-#include "sparsemla/numerics.h"
 
 namespace sparsemla::cpu {
 
@@ -50,17 +50,6 @@ void keep_best(std::vector<Candidate>& c, size_t keep) {
   c.resize(keep);
 }
 
-struct E4m3Table {
-  float v[256];
-  E4m3Table() {
-    for (int b = 0; b < 256; ++b) v[b] = e4m3_to_float(static_cast<uint8_t>(b));
-  }
-};
-const E4m3Table& e4m3_table() {
-  static const E4m3Table table;
-  return table;
-}
-
 // The request's entry j: where its bytes are, or null when its page id is invalid (11.3: not a
 // candidate).
 struct EntryRef {
@@ -76,7 +65,7 @@ EntryRef entry_of(const IndexerParams& p, int64_t r, int64_t j) {
 
 // The 128 values of an entry as exact fp32 (e4m3 bytes) and its scale.
 float decode_entry(const IndexerParams& p, const EntryRef& e, float (&kv)[kDim]) {
-  const float* lut = e4m3_table().v;
+  const float* lut = e4m3_value_table().data();
   if (p.cache.layout == IndexerLayout::Normal) {
     const uint8_t* bytes = e.page + int64_t{e.row} * kDim;
     for (int d = 0; d < kDim; ++d) kv[d] = lut[bytes[d]];
@@ -110,7 +99,7 @@ Row load_row(const IndexerParams& p, int64_t t) {
   const int64_t sh = p.q_stride_head != 0 ? p.q_stride_head : kDim;
   const int64_t st = p.q_stride_token != 0 ? p.q_stride_token : H * int64_t{kDim};
   const int64_t sw = p.w_stride_token != 0 ? p.w_stride_token : H;
-  const float* lut = e4m3_table().v;
+  const float* lut = e4m3_value_table().data();
   row.q.resize(static_cast<size_t>(H) * kDim);
   row.w.assign(p.w + t * sw, p.w + t * sw + H);
   for (int32_t h = 0; h < H; ++h) {
@@ -229,8 +218,8 @@ void indexer_topk(const IndexerParams& p) {
 #endif
   for (int64_t i = 0; i < items; ++i) {
     const Group& g = groups[item_group[i]];
-    // Scores are needed when some row of the group has more valid candidates than k; counting
-    // them needs only the table, but a row with n <= k always qualifies for skipping.
+    // Without scores or rank order, a group whose rows all have n_t <= k selects every valid
+    // candidate: no key is read.
     bool scored = always_scored;
     for (int64_t r = 0; r < g.count && !scored; ++r) scored = rows[g.first + r].n > p.topk;
     score_chunk(p, rows, g, i - first_item[item_group[i]], scored, survivors[i]);
