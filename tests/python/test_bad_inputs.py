@@ -412,7 +412,7 @@ def test_explicit_block_size_equal_to_the_shape_and_2d_caches_still_work(rng):
 
 # ---- bf16 arrays of ml_dtypes and torch ----------------------------------------------------------
 def test_ml_dtypes_bfloat16_is_accepted_like_uint16_bits(rng):
-    ml_dtypes = pytest.importorskip("ml_dtypes")
+    import ml_dtypes  # a pinned test dependency (python/requirements.txt): never skipped
     cache = _cache(rng)
     q_bits = _q(rng)
     q_bf16 = q_bits.view(ml_dtypes.bfloat16)
