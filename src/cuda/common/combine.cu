@@ -54,6 +54,7 @@ __device__ __forceinline__ void combine_small(const CombineParams& p, int64_t ro
   const SplitsFinish fin = finish_splits(m, l, p.finish.sink, h);
   const float big_m = fin.big_m, factor = fin.factor;
   if (factor != 0.0f) {
+    o[0] = o[1] = o[2] = o[3] = finish_seed(factor);
     // Inactive splits: acc never read (stale NaN/Inf). The workspace is only 8-byte aligned.
     float2 v0[kCombineFast], v1[kCombineFast];
 #pragma unroll
@@ -91,6 +92,7 @@ __device__ __forceinline__ void combine_any(const CombineParams& p, int64_t row0
   }
   const float factor = finish_factor(sum_wl, big_m, p.finish.sink, h);
   if (factor != 0.0f) {
+    o[0] = o[1] = o[2] = o[3] = finish_seed(factor);
     for (int32_t s = 0; s < S; ++s) {
       const int64_t row = row0 + s * H;
       const float m = __ldcg(p.ws_m + row);

@@ -372,8 +372,19 @@ __device__ __forceinline__ float split_weight(float m, float big_m) {
   return m == kNoScore ? 0.0f : __expf(m - big_m);
 }
 
+__device__ __forceinline__ float quiet_nan() { return __uint_as_float(0x7FC00000u); }
+
+// What a split reports for its running (m, l) (CONTRACT 4.3): (m, l) when l > 0; an empty split
+// (l == 0) reports m = -FLT_MAX, l = 0 and leaves its acc unwritten; a split whose l is NaN (a NaN
+// or +inf score) reports m = NaN, which split_weight turns into a NaN weight in every combine.
+__device__ __forceinline__ float reported_m(float m, float l) {
+  return l > 0.0f ? m : (l == 0.0f ? kNoScore : quiet_nan());
+}
+__device__ __forceinline__ float reported_l(float l) { return l == 0.0f ? 0.0f : l; }
+__device__ __forceinline__ bool split_has_acc(float l) { return !(l == 0.0f); }
+
 // Folds the sink into (M, L) of the valid keys. L is not > 0 for empty rows and for sink = +inf
-// (exp(inf - inf) = NaN), both of which output 0.
+// (exp(inf - inf) = NaN), both of which output 0, and for a NaN sink or mass (output NaN).
 struct FinishScale {
   float big_m;   // max(max_s m_s, sink)
   float factor;  // multiplier of sum_s w_s acc_s: 1 / max(L, 1e-30), or 0 when L is not > 0
@@ -381,10 +392,23 @@ struct FinishScale {
 __device__ __forceinline__ float finish_max(float max_m, const float* sink, int32_t h) {
   return sink != nullptr ? fmaxf(max_m, __ldg(sink + h)) : max_m;
 }
+// 1 / L when L > 0. Otherwise 0 for an empty row or a +inf sink (the denominator's limit is +inf),
+// and NaN when the keys' mass or the sink is NaN (CONTRACT 4.2): the caller's output is then NaN,
+// rows without keys included (finish_seed).
+__device__ __forceinline__ float factor_of_total(float total, float sum_wl, float sink_v) {
+  if (total > 0.0f) return 1.0f / fmaxf(total, 1e-30f);
+  return isnan(sum_wl) || isnan(sink_v) ? quiet_nan() : 0.0f;
+}
 __device__ __forceinline__ float finish_factor(float sum_wl, float big_m, const float* sink,
                                                int32_t h) {
-  const float total = sink != nullptr ? sum_wl + __expf(__ldg(sink + h) - big_m) : sum_wl;
-  return total > 0.0f ? 1.0f / fmaxf(total, 1e-30f) : 0.0f;
+  if (sink == nullptr) return factor_of_total(sum_wl, sum_wl, 0.0f);
+  const float sink_v = __ldg(sink + h);
+  return factor_of_total(sum_wl + __expf(sink_v - big_m), sum_wl, sink_v);
+}
+// The starting value of a finished output sum: NaN when the factor is NaN (so that a row with no
+// active split is NaN too), else 0.
+__device__ __forceinline__ float finish_seed(float factor) {
+  return isnan(factor) ? quiet_nan() : 0.0f;
 }
 
 // CONTRACT 4.3's finish of N splits (m_s, l_s) of row head h: M' = max m_s (for lse), the maximum
@@ -427,13 +451,14 @@ __device__ __forceinline__ float sink_value(const float* sink, int32_t h) {
 __device__ __forceinline__ float one_split_coef(float m, float l, float sink_v) {
   const float big_m = fmaxf(m, sink_v);
   const float w = split_weight(m, big_m);
-  const float total = w * l + __expf(sink_v - big_m);
-  return w * (total > 0.0f ? 1.0f / fmaxf(total, 1e-30f) : 0.0f);
+  const float sum_wl = w * l;
+  return w * factor_of_total(sum_wl + __expf(sink_v - big_m), sum_wl, sink_v);
 }
 
-// lse without the sink: M' + ln(L') over the active splits, +inf when L' = 0.
+// lse without the sink: M' + ln(L') over the active splits, +inf when L' = 0, NaN when L' is.
 __device__ __forceinline__ float finish_lse(float max_m, float sum_l) {
-  return sum_l > 0.0f ? max_m + logf(sum_l) : __uint_as_float(0x7F800000u);
+  if (sum_l > 0.0f) return max_m + logf(sum_l);
+  return sum_l == 0.0f ? __uint_as_float(0x7F800000u) : quiet_nan();
 }
 
 // The RoPE table row (cos x32 | sin x32) at the query position of row t, clamped into the table (a

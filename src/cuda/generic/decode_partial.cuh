@@ -565,7 +565,7 @@ __device__ __forceinline__ void pv_tile(const Smem<HB>& sm, const __nv_bfloat16*
 }
 
 // ---- epilogues ----------------------------------------------------------------------------------
-// S > 1: partial m, l (threads tid < heads) and acc (rows with l > 0) into the workspace.
+// S > 1: partial m, l (threads tid < heads) and acc (rows with l != 0) into the workspace.
 template <int HB>
 __device__ __forceinline__ void write_partials(const PartialParams& p, const Smem<HB>& sm,
                                                int64_t t, int32_t s, int32_t h0, int32_t heads,
@@ -573,8 +573,8 @@ __device__ __forceinline__ void write_partials(const PartialParams& p, const Sme
   const int64_t row0 = (t * p.num_splits + s) * p.num_heads + h0;
   if (tid < heads) {
     const float l = sm.row_l[tid];
-    p.ws_m[row0 + tid] = l > 0.0f ? sm.row_m[tid] : kNoScore;
-    p.ws_l[row0 + tid] = l > 0.0f ? l : 0.0f;
+    p.ws_m[row0 + tid] = cuda::reported_m(sm.row_m[tid], l);
+    p.ws_l[row0 + tid] = cuda::reported_l(l);
   }
   const int warp = tid / 32, lane = tid % 32, g = lane / 4;
 #pragma unroll
@@ -582,7 +582,7 @@ __device__ __forceinline__ void write_partials(const PartialParams& p, const Sme
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int row = mt * kHeadTile + g + 8 * half;
-      if (row >= heads || !(sm.row_l[row] > 0.0f)) continue;
+      if (row >= heads || !cuda::split_has_acc(sm.row_l[row])) continue;
       float* dst = p.ws_acc + (row0 + row) * kDim + kColsPerWarp * warp + 2 * (lane % 4);
 #pragma unroll
       for (int j = 0; j < kNTiles; ++j) {
@@ -636,7 +636,7 @@ __device__ __forceinline__ void finish_rows(const PartialParams& p, const Smem<H
   const FinishParams& f = p.finish;
   if (tid < heads) {
     const float l_raw = sm.row_l[tid];
-    const float m = l_raw > 0.0f ? sm.row_m[tid] : kNoScore, l = l_raw > 0.0f ? l_raw : 0.0f;
+    const float m = cuda::reported_m(sm.row_m[tid], l_raw), l = cuda::reported_l(l_raw);
     sm.row_coef[tid] = cuda::one_split_coef(m, l, cuda::sink_value(f.sink, h0 + tid));
     cuda::store_lse(f, t, h0 + tid, cuda::finish_lse(m, l));
   }

@@ -595,13 +595,13 @@ __device__ __forceinline__ void write_partials(const Sm90Params& p, int64_t t, i
   for (int h = 0; h < 2; ++h) {
     const int row = fragment_row(wtid / 32, lane, h);
     if (row >= heads) continue;
-    const float l = st.l[h] > 0.0f ? st.l[h] : 0.0f;
+    const float l = cuda::reported_l(st.l[h]);
     const int64_t r = (t * p.num_splits + s) * p.num_heads + h0 + row;
     if (c == 0 && t2 == 0) {
-      p.ws_m[r] = st.l[h] > 0.0f ? st.m[h] : kNoScore;
+      p.ws_m[r] = cuda::reported_m(st.m[h], st.l[h]);
       p.ws_l[r] = l;
     }
-    if (!(l > 0.0f)) continue;
+    if (!cuda::split_has_acc(l)) continue;
     float* dst = p.ws_acc + r * kDim + 256 * c + t2;
     store_acc_half(dst, h, acc);
   }
@@ -619,8 +619,8 @@ __device__ __forceinline__ void stage_finished(const Sm90Params& p, int64_t t, i
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = fragment_row(wtid / 32, lane, h);
-    const float l = st.l[h] > 0.0f ? st.l[h] : 0.0f;
-    const float m = st.l[h] > 0.0f ? st.m[h] : kNoScore;
+    const float l = cuda::reported_l(st.l[h]);
+    const float m = cuda::reported_m(st.m[h], st.l[h]);
     const float coef = cuda::one_split_coef(m, l, sink_v[h]);
     if (c == 0 && t2 == 0 && row < heads) cuda::store_lse(f, t, h0 + row, cuda::finish_lse(m, l));
 #pragma unroll
@@ -666,8 +666,10 @@ struct FusedTile {
   float* m;       // [64]
   float* l;       // [64]
   float* coef;    // [64][kMaxFused]: weight x 1 / L of each split
-  uint32_t* act;  // [64]: bit s set when split s's acc is read
+  uint32_t* act;  // [64]: bit s set when split s's acc is read; kNaNRow when the row is NaN
 };
+constexpr uint32_t kNaNRow = 1u << 31;  // the factor is NaN (CONTRACT 4.2): the sum starts at NaN
+static_assert(kMaxFused < 31, "split bits and the NaN-row bit of FusedTile::act are disjoint");
 __device__ __forceinline__ FusedTile fused_tile(const Smem& sm) {
   FusedTile f;
   f.acc = reinterpret_cast<float*>(sm.q);  // Q, then the K ring (contiguous)
@@ -686,8 +688,8 @@ __device__ __forceinline__ void fused_stage(const FusedTile& ft, int c, int wtid
   for (int h = 0; h < 2; ++h) {
     const int row = fragment_row(wtid / 32, lane, h);
     if (c == 0 && t2 == 0) {
-      ft.m[row] = st.l[h] > 0.0f ? st.m[h] : kNoScore;
-      ft.l[row] = st.l[h] > 0.0f ? st.l[h] : 0.0f;
+      ft.m[row] = cuda::reported_m(st.m[h], st.l[h]);
+      ft.l[row] = cuda::reported_l(st.l[h]);
     }
     float* dst = ft.acc + row * kAccStride + 256 * c + t2;
     store_acc_half(dst, h, acc);
@@ -714,6 +716,7 @@ __device__ __forceinline__ void fused_coefficients(const Sm90Params& p, const Fu
     ft.coef[row * kMaxFused + s] = cuda::split_weight(m[s], fin.big_m) * fin.factor;
     if (fin.factor != 0.0f && m[s] != kNoScore) act |= 1u << s;
   }
+  if (isnan(fin.factor)) act |= kNaNRow;
   ft.act[row] = act;
   if (rank == 0 && row < heads)
     cuda::store_lse(p.finish, t, h0 + row, cuda::finish_lse(fin.max_m, fin.sum_l));
@@ -758,7 +761,8 @@ __device__ __forceinline__ void fused_finish_columns(const Sm90Params& p, const 
       const int it = base + g * kConsumers + ctid;
       if (it >= items) break;
       const int row = it / n, ch = ch0 + it % n;
-      float o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+      const float o0 = (act[g] & kNaNRow) != 0u ? cuda::quiet_nan() : 0.0f;
+      float o[8] = {o0, o0, o0, o0, o0, o0, o0, o0};
 #pragma unroll
       for (int s = 0; s < kS; ++s) {
         if (((act[g] >> s) & 1u) == 0) continue;
@@ -838,7 +842,7 @@ __device__ __forceinline__ void write_partials_bulk(const Sm90Params& p, const S
   const float l = ft.l[row];
   p.ws_m[r] = ft.m[row];
   p.ws_l[r] = l;
-  if (!(l > 0.0f)) return;  // m = -FLT_MAX: the combine never reads this acc
+  if (!cuda::split_has_acc(l)) return;  // m = -FLT_MAX: the combine never reads this acc
   bulk_copy_s2g(p.ws_acc + r * kDim, ft.acc + row * kAccStride, kDim * 4);
   bulk_commit();
   bulk_wait_read();  // the CTA's shared memory must outlive the copy's reads
