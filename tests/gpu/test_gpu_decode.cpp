@@ -893,9 +893,8 @@ TEST_P(GpuDecode, SinkVariantsAndLse) {
 
 // CONTRACT 4.2 special values, as the CPU backend (tests/cpp/test_decode.cpp): a NaN or +inf score
 // makes its (t, h) NaN (out and lse), a NaN sink makes every row of its head NaN (rows without keys
-// too) and leaves lse alone; every other (t, h) equals a clean run bit for bit. Written with the
-// CPU change; not yet run on a GPU when added (docs/RELIABILITY.md "Bad inputs, Python" says which
-// backends were verified).
+// too) and leaves lse alone; every other (t, h) equals a clean run bit for bit. S = 2 takes the
+// sm90 fused combine, S = 4 the workspace and the combine kernel.
 TEST_P(GpuDecode, NaNScoresGiveNaNRowsAndNaNSinkGivesNaNHead) {
   const uint64_t seed = fresh_seed();
   SPARSEMLA_SEED_TRACE(seed);
