@@ -39,15 +39,18 @@ __device__ __forceinline__ void wait_for_partials() {
 #endif
 }
 
-// S <= kCombineFast: m and l of all splits in one round trip, then the active splits' acc in a
-// second one. Same arithmetic as the general loop below.
+// S <= kN (kN = 2, 4, 8 or kCombineFast): m and l of all splits in one round trip, then the active
+// splits' acc in a second one. Same arithmetic as the general loop below. Sized by kN, not by
+// kCombineFast: one size for every S took 106 registers, 3.4 warps per scheduler and 1.05 TB/s
+// (ncu, C4-Flash B = 32 S = 4, 2026-12-02).
+template <int kN>
 __device__ __forceinline__ void combine_small(const CombineParams& p, int64_t row0, int32_t h,
                                               int col, float (&o)[4], float* max_m_out,
                                               float* sum_l_out) {
   const int32_t S = p.num_splits, H = p.num_heads;
-  float m[kCombineFast], l[kCombineFast];
+  float m[kN], l[kN];
 #pragma unroll
-  for (int s = 0; s < kCombineFast; ++s) {
+  for (int s = 0; s < kN; ++s) {
     m[s] = s < S ? __ldcg(p.ws_m + row0 + s * H) : kNoScore;
     l[s] = s < S ? __ldcg(p.ws_l + row0 + s * H) : 0.0f;
   }
@@ -56,15 +59,15 @@ __device__ __forceinline__ void combine_small(const CombineParams& p, int64_t ro
   if (factor != 0.0f) {
     o[0] = o[1] = o[2] = o[3] = finish_seed(factor);
     // Inactive splits: acc never read (stale NaN/Inf). The workspace is only 8-byte aligned.
-    float2 v0[kCombineFast], v1[kCombineFast];
+    float2 v0[kN], v1[kN];
 #pragma unroll
-    for (int s = 0; s < kCombineFast; ++s) {
+    for (int s = 0; s < kN; ++s) {
       const float2* src = reinterpret_cast<const float2*>(p.ws_acc + (row0 + s * H) * kDim + col);
       v0[s] = m[s] != kNoScore ? __ldcg(src) : make_float2(0.f, 0.f);
       v1[s] = m[s] != kNoScore ? __ldcg(src + 1) : make_float2(0.f, 0.f);
     }
 #pragma unroll
-    for (int s = 0; s < kCombineFast; ++s) {
+    for (int s = 0; s < kN; ++s) {
       if (m[s] == kNoScore) continue;
       const float c = split_weight(m[s], big_m) * factor;
       o[0] += c * v0[s].x;
@@ -110,6 +113,9 @@ __device__ __forceinline__ void combine_any(const CombineParams& p, int64_t row0
   *sum_l_out = sum_l;
 }
 
+// kN > 0: S <= kN splits (combine_small<kN>); kN == 0: any S (combine_any). One kernel per kN, so
+// that each is register-allocated for its own arrays.
+template <int kN>
 __global__ void __launch_bounds__(kCombineThreads)
     decode_combine_kernel(const __grid_constant__ CombineParams p) {
   const int64_t t = blockIdx.x;
@@ -118,8 +124,8 @@ __global__ void __launch_bounds__(kCombineThreads)
   const int64_t row0 = t * p.num_splits * p.num_heads + h;  // split s at row0 + s*H
   wait_for_partials();
   float o[4] = {0.f, 0.f, 0.f, 0.f}, max_m, sum_l;
-  if (p.num_splits <= kCombineFast) {
-    combine_small(p, row0, h, col, o, &max_m, &sum_l);
+  if constexpr (kN > 0) {
+    combine_small<kN>(p, row0, h, col, o, &max_m, &sum_l);
   } else {
     combine_any(p, row0, h, col, o, &max_m, &sum_l);
   }
@@ -139,7 +145,13 @@ void launch_combine_kernel(const CombineParams& cp, bool pdl, cudaStream_t strea
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
-  cuda::check_cuda(cudaLaunchKernelEx(&cfg, decode_combine_kernel, cp),
+  const int32_t S = cp.num_splits;
+  auto* kernel = S <= 2   ? decode_combine_kernel<2>
+                 : S <= 4 ? decode_combine_kernel<4>
+                 : S <= 8 ? decode_combine_kernel<8>
+                 : S <= kCombineFast ? decode_combine_kernel<kCombineFast>
+                                     : decode_combine_kernel<0>;
+  cuda::check_cuda(cudaLaunchKernelEx(&cfg, kernel, cp),
                    "decode_combine_kernel launch");
 }
 
