@@ -12,6 +12,7 @@
 #if defined(SPARSEMLA_WITH_CUDA)
 #include "cuda/common/device_info.h"
 #include "cuda/generic/generic_backend.h"
+#include "cuda/generic/indexer_backend.h"
 #include "cuda/generic/ops_backend.h"
 #include "cuda/sm90/sm90_backend.h"
 #endif
@@ -105,22 +106,51 @@ void gather_indexer_keys(const GatherParams& p) {
   cpu::gather_indexer_keys(p);
 }
 
-// The lightning indexer (CONTRACT 11): the CPU backend only so far.
+// The lightning indexer (CONTRACT 11): the CPU backend for host data, the generic CUDA path for
+// device data (Auto and CudaGeneric). CudaSm90 is refused until the Hopper FP8 path exists: running
+// the generic kernels under its name would change the call's numerics the day it is built (11.7:
+// 2^-9 against the generic path's CPU-identical scores).
+namespace {
+bool indexer_on_gpu(const IndexerParams& p) {
+  if (!on_gpu("indexer_topk", p.path, p.indices)) return false;
+  SPARSEMLA_CHECK_ARG(p.path != Path::CudaSm90, "indexer_topk", "path",
+                      "auto or cuda-generic (the Hopper FP8 indexer path is not built yet)",
+                      path_name(p.path));
+  return true;
+}
+}  // namespace
+
 void indexer_topk(const IndexerParams& p, void* workspace, size_t workspace_bytes) {
-  (void)workspace;
   core::validate(p);
-  SPARSEMLA_CHECK_ARG(workspace_bytes >= indexer_workspace_size(p), "indexer_topk",
-                      "workspace_bytes", ">= indexer_workspace_size(p)", workspace_bytes);
-  if (on_gpu("indexer_topk", p.path, p.indices)) {
-    throw_arg_error("indexer_topk", "path", "cpu (the CUDA indexer is not built yet)",
-                    path_name(p.path == Path::Auto ? Path::CudaGeneric : p.path));
+  const bool gpu = indexer_on_gpu(p);
+#if defined(SPARSEMLA_WITH_CUDA)
+  if (gpu) {
+    const size_t need = cuda_generic::indexer_workspace_size(p);
+    SPARSEMLA_CHECK_ARG(workspace_bytes >= need, "indexer_topk", "workspace_bytes",
+                        ">= indexer_workspace_size(p) = " + std::to_string(need), workspace_bytes);
+    if (need > 0) {
+      SPARSEMLA_CHECK_ARG(workspace != nullptr, "indexer_topk", "workspace",
+                          "a non-null device pointer (" + std::to_string(need) + " bytes)", "null");
+      SPARSEMLA_CHECK_ARG(reinterpret_cast<uintptr_t>(workspace) % 8 == 0, "indexer_topk",
+                          "workspace", "8-byte alignment", workspace);
+    }
+    return cuda_generic::indexer_topk(p, workspace);
   }
+#endif
+  (void)gpu;
+  (void)workspace;
+  (void)workspace_bytes;  // the CPU backend allocates its own scratch (size query: 0)
   cpu::indexer_topk(p);
 }
 
 size_t indexer_workspace_size(const IndexerParams& p) {
   core::validate(p);
-  return 0;  // the CPU backend allocates its own scratch
+  if (!indexer_on_gpu(p)) return 0;  // the CPU backend allocates its own scratch
+#if defined(SPARSEMLA_WITH_CUDA)
+  return cuda_generic::indexer_workspace_size(p);
+#else
+  return 0;  // unreachable: resolve_path throws for CUDA paths
+#endif
 }
 
 void indexer_candidates_from_positions(const int64_t* positions, int64_t num_tokens,

@@ -4,8 +4,11 @@
 //
 // One call scores and selects (the fused form of 11.5): no [T, N] logits buffer. Backends: the CPU
 // (host pointers; OpenMP over requests and candidate ranges, keys read once per request for all
-// its rows); the CUDA paths are not built yet and are rejected with an error naming `path`.
-// Workspace: indexer_workspace_size(...) bytes (0 on the CPU); graph rules of 11.5.
+// its rows) and the generic CUDA path (device pointers, Path::Auto or Path::CudaGeneric; sm_80+;
+// scores, selections and orders bit-identical to the CPU's). Path::CudaSm90 (the Hopper FP8 path)
+// is not built and is rejected with an error naming `path`. Workspace: indexer_workspace_size(...)
+// bytes (0 on the CPU; on the GPU a function of T, Wt, ibs, k and the SM count, never of device
+// values); graph rules of 11.5 (docs/INDEXER.md).
 #pragma once
 
 #include <cstddef>
