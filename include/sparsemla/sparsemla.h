@@ -7,6 +7,7 @@
 #include "sparsemla/format.h"
 #include "sparsemla/gather.h"
 #include "sparsemla/indexer.h"
+#include "sparsemla/indexer_prep.h"
 #include "sparsemla/lists.h"
 #include "sparsemla/numerics.h"
 #include "sparsemla/plan.h"
