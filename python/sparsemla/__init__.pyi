@@ -15,6 +15,7 @@ _Path = Literal["auto", "cpu", "cuda-generic", "cuda-sm90"]
 __version__: str
 BYTES_PER_TOKEN: int
 INDEXER_BYTES_PER_TOKEN: int
+INDEXER_MAX_TOPK: int
 DEFAULT_SCALE: float
 HAS_TORCH_OPS: bool
 
@@ -82,6 +83,25 @@ def gather_indexer_keys(token_to_seq: _Array, cu_seqlen: _Array, block_table: _A
                         layout: Literal["normal", "shuffle"] = "normal",
                         k_fp8: _Array | None = None, k_scale: _Array | None = None,
                         path: _Path = "auto") -> tuple[_Array, _Array]: ...
+def indexer_workspace_size(q: _Array, w: _Array, cache: _Array, block_table: _Array,
+                           row_request: _Array, num_candidates: _Array, topk: int, *,
+                           block_size: int | None = None,
+                           layout: Literal["normal", "shuffle"] = "normal",
+                           width: int | None = None,
+                           order: Literal["by_index", "by_score"] = "by_index",
+                           with_scores: bool = False, path: _Path = "auto") -> int: ...
+def indexer_topk(q: _Array, w: _Array, cache: _Array, block_table: _Array, row_request: _Array,
+                 num_candidates: _Array, topk: int, *, block_size: int | None = None,
+                 layout: Literal["normal", "shuffle"] = "normal", width: int | None = None,
+                 order: Literal["by_index", "by_score"] = "by_index", return_lengths: bool = False,
+                 return_scores: bool = False, out: _Array | None = None,
+                 lengths: _Array | None = None, scores: _Array | None = None,
+                 workspace: _Array | None = None,
+                 path: _Path = "auto") -> Any: ...
+def indexer_candidates_from_positions(positions: _Array, *, out: _Array | None = None) -> _Array: ...
+def indexer_q_prep(q: _Array, positions: _Array, rope: _Array, w_raw: _Array, *,
+                   q_out: _Array | None = None, w_out: _Array | None = None,
+                   path: _Path = "auto") -> tuple[_Array, _Array]: ...
 def alloc_ragged(max_rows: int, width: int, like: _Array) -> tuple[_Array, _Array]: ...
 def build_ragged_from_dense(dense: _Array, lengths: _Array, *, request_index: _Array | None = None,
                             num_slots: int = 0, row_valid: _Array | None = None,
@@ -143,7 +163,8 @@ __all__ = [
     "decode_num_splits",
     "DecodePlan", "DEFAULT_SCALE", "dequantize_indexer_rows", "dequantize_rows", "Error",
     "flashmla", "float_to_bf16_bits", "gather_indexer_keys", "HAS_TORCH_OPS",
-    "INDEXER_BYTES_PER_TOKEN", "inverse_rope", "is_supported", "max_compressed_entries",
+    "INDEXER_BYTES_PER_TOKEN", "indexer_candidates_from_positions", "INDEXER_MAX_TOPK",
+    "indexer_q_prep", "indexer_topk", "indexer_workspace_size", "inverse_rope", "is_supported", "max_compressed_entries",
     "plan_decode", "plan_decode_for", "quantize", "quantize_indexer", "sparse_decode",
     "sparse_decode_reference", "testing", "unsupported_reason", "verify_decode_output",
     "write_compressor_state", "write_window",

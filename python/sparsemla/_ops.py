@@ -605,6 +605,178 @@ def max_compressed_entries(max_model_len, ratio=128):
                                      _ck.integer(op, "ratio", ratio, 1, _ck.I32_MAX))
 
 
+# ---- lightning indexer (CONTRACT 11) ---------------------------------------------------------------
+INDEXER_MAX_TOPK = _C.INDEXER_MAX_TOPK  # k in 1..2048
+_ORDERS = ("by_index", "by_score")
+
+
+def _e4m3_bytes(x):
+    """An e4m3 array as its raw bytes: torch.float8_e4m3fn and ml_dtypes' float8_e4m3fn are viewed
+    as uint8 (the same bytes); anything else is passed on for the extension to check."""
+    if _is_tensor(x) and x.dtype == getattr(_torch_mod(), "float8_e4m3fn", None):
+        return x.view(_torch_mod().uint8)
+    if isinstance(x, np.ndarray) and x.dtype.name == "float8_e4m3fn" and x.dtype.itemsize == 1:
+        return x.view(np.uint8)
+    return x
+
+
+def _r_indexer_topk(q, w, cache, block_table, row_request, num_candidates, topk, block_size,
+                    layout, order, indices, lengths, scores, workspace, path):
+    with _guard(indices):
+        _C.indexer_topk(_dl("q", _e4m3_bytes(q)), _dl("w", w), _dl("cache", cache), block_size,
+                        layout, _dl("block_table", block_table), _dl("row_request", row_request),
+                        _dl("num_candidates", num_candidates), topk, order,
+                        _dl("indices", indices), _dl("lengths", lengths), _dl("scores", scores),
+                        _dl("workspace", workspace), _alloc_like(indices), path,
+                        _stream(indices))
+
+
+def _indexer_args(op, q, w, cache, block_table, row_request, num_candidates, topk, block_size,
+                  layout, order, path):
+    _arrays(op, required=[("q", q, 3), ("w", w, 2), ("cache", cache),
+                          ("block_table", block_table, 2), ("row_request", row_request, 1),
+                          ("num_candidates", num_candidates, 1)])
+    return (_ck.integer(op, "topk", topk, -_ck.I32_MAX, _ck.I32_MAX), _bs(op, block_size),
+            _ck.text(op, "layout", layout, ("normal", "shuffle")),
+            _ck.text(op, "order", order, _ORDERS), _ck.path(op, path))
+
+
+def indexer_workspace_size(q, w, cache, block_table, row_request, num_candidates, topk, *,
+                           block_size=None, layout="normal", width=None, order="by_index",
+                           with_scores=False, path="auto"):
+    """Workspace bytes :func:`indexer_topk` needs for these arguments (CONTRACT 11.5: a size query
+    over the shapes, where the arrays live and the path; 0 on the CPU). width: W of the output
+    (default topk); with_scores: whether scores will be requested. Runs nothing."""
+    op = "indexer_workspace_size"
+    topk, block_size, layout, order, path = _indexer_args(
+        op, q, w, cache, block_table, row_request, num_candidates, topk, block_size, layout, order,
+        path)
+    width = _ck.integer(op, "width", topk if width is None else width, 0, _ck.I32_MAX)
+    with _guard(q):
+        return _C.indexer_workspace_size(
+            _dl("q", _e4m3_bytes(q)), _dl("w", w), _dl("cache", cache), block_size, layout,
+            _dl("block_table", block_table), _dl("row_request", row_request),
+            _dl("num_candidates", num_candidates), topk, width, order,
+            _ck.flag(op, "with_scores", with_scores), path)
+
+
+def indexer_topk(q, w, cache, block_table, row_request, num_candidates, topk, *, block_size=None,
+                 layout="normal", width=None, order="by_index", return_lengths=False,
+                 return_scores=False, out=None, lengths=None, scores=None, workspace=None,
+                 path="auto"):
+    """The lightning-indexer decode (CONTRACT 11): per query row, the scores of the request's
+    compressed entries (11.2) and the best ``topk`` by the exact rule of 11.3, as the dense list
+    the ratio-4 builder (:func:`build_topk_lists`) reads.
+
+    q: e4m3 ``[T, H, 128]`` (uint8 bytes, ``torch.float8_e4m3fn`` or ml_dtypes' float8_e4m3fn;
+    H in 1..128, last dim contiguous, other strides free), the indexer query after RoPE and
+    quantisation (:func:`indexer_q_prep` makes it from bf16); w: fp32 ``[T, H]`` (rows may be
+    strided), the head weights with every scale folded in (11.1). cache: uint8 paged indexer
+    cache (132 bytes per entry, ``layout`` ``"normal"`` or ``"shuffle"``); block_table: int32
+    ``[R, Wt]``, entry j of request r is row ``j % block_size`` of page ``block_table[r][j //
+    block_size]``. row_request: int32 ``[T]`` (outside ``[0, R)``: padding row); num_candidates:
+    int32 ``[T]`` n_t (:func:`indexer_candidates_from_positions`; < 0: 0, clamped to
+    ``Wt*block_size``); a page id outside ``[0, num_blocks)`` removes its entries (11.4).
+    topk: k in 1..2048; width: W >= k of the output (default k, or ``out.shape[1]``).
+    order: ``"by_index"`` (ascending local index, default) or ``"by_score"`` (descending score,
+    then ascending index). Non-finite scores rank last, -0 ties +0, ties go to the lower index.
+
+    out: int32 ``[T, W]`` (rows may be strided), lengths: int32 ``[T]``, scores: fp32 ``[T, W]``
+    written in place (else allocated; lengths and scores only when given or asked for with
+    ``return_lengths`` / ``return_scores``). Row t holds ``len_t = min(k, |C_t|)`` distinct local
+    indices, then -1 up to W; scores holds the fp32 score of each selected entry, -inf in the
+    padding. workspace: contiguous bytes, >= :func:`indexer_workspace_size` (allocated on the
+    call's device when needed and None; 0 on the CPU). Returns out, or ``(out, lengths,
+    scores)`` (None for one not requested) when lengths or scores are given or asked for.
+    """
+    op = "indexer_topk"
+    topk, block_size, layout, order, path = _indexer_args(
+        op, q, w, cache, block_table, row_request, num_candidates, topk, block_size, layout, order,
+        path)
+    _arrays(op, optional_written=[("out", out, 2), ("lengths", lengths, 1),
+                                  ("scores", scores, 2), ("workspace", workspace)])
+    return_lengths = _ck.flag(op, "return_lengths", return_lengths)
+    return_scores = _ck.flag(op, "return_scores", return_scores)
+    t = q.shape[0]
+    if out is None:
+        w_out = _ck.integer(op, "width", topk if width is None else width, 0, _ck.I32_MAX)
+        if 1 <= topk <= INDEXER_MAX_TOPK and w_out < topk:
+            _ck.fail(op, "width", f"None or an integer >= topk = {topk}", str(w_out))
+        out = _empty(w, (t, w_out), "int32")
+    elif width is not None and _ck.integer(op, "width", width, 0, _ck.I32_MAX) != out.shape[1]:
+        _ck.fail(op, "width", f"None or out.shape[1] = {out.shape[1]}", str(width))
+    if lengths is None and return_lengths:
+        lengths = _empty(w, (t,), "int32")
+    if scores is None and return_scores:
+        scores = _empty(w, (t, out.shape[1]), "float32")
+    args = (q, w, cache, block_table, row_request, num_candidates, topk, block_size, layout, order,
+            out, lengths, scores, workspace, path)
+    _dispatch("indexer_topk", _r_indexer_topk, out, args)
+    if lengths is None and scores is None:
+        return out
+    return out, lengths, scores
+
+
+def indexer_candidates_from_positions(positions, *, out=None):
+    """n_t = floor((pos_t + 1) / 4) per row (CONTRACT 11.1), 0 where pos_t < 0 (padding rows): the
+    num_candidates of :func:`indexer_topk` in a decode step. positions: int64 ``[T]``. Returns
+    int32 ``[T]`` (out, when given: written in place). numpy arrays run the library's helper
+    (a position >= 2^33, whose n_t overflows int32, raises); torch tensors (any device) compute the
+    same with torch operations (traceable, no host synchronisation; not range-checked)."""
+    op = "indexer_candidates_from_positions"
+    _arrays(op, required=[("positions", positions, 1)], optional_written=[("out", out, 1)])
+    if _is_tensor(positions):
+        torch = _torch_mod()
+        if positions.dtype != torch.int64:
+            _ck.fail(op, "positions", "dtype int64", str(positions.dtype).replace("torch.", ""))
+        n = torch.where(positions < 0, torch.zeros_like(positions),
+                        torch.div(positions, 4, rounding_mode="floor")
+                        + (torch.remainder(positions, 4) == 3).to(torch.int64)).to(torch.int32)
+        if out is None:
+            return n
+        out.copy_(n)
+        return out
+    if out is None:
+        out = _empty(positions, (positions.shape[0],), "int32")
+    _C.indexer_candidates_from_positions(_dl("positions", positions), _dl("out", out))
+    return out
+
+
+def _r_indexer_q_prep(q, positions, rope, w_raw, q_out, w_out, path):
+    with _guard(w_out):
+        _C.indexer_q_prep(_dl("q", q), _dl("positions", positions), _dl("rope", rope),
+                          _dl("w_raw", w_raw), _dl("q_out", _e4m3_bytes(q_out)),
+                          _dl("w_out", w_out), path, _stream(w_out))
+
+
+def indexer_q_prep(q, positions, rope, w_raw, *, q_out=None, w_out=None, path="auto"):
+    """The indexer query prep (CONTRACT 11.6): bf16 query -> the e4m3 query and folded weights of
+    :func:`indexer_topk`.
+
+    q: bf16 ``[T, H, 128]`` (last dim contiguous), the query after ``wq_b``; positions: int64
+    ``[T]`` (``< 0``: padding row, outputs zero); rope: fp32 ``[P, 64]`` the layer's table;
+    w_raw: bf16 ``[T, H]``, the output of ``weights_proj``. Per (t, h): dims 64..127 rotated as
+    GPT-J pairs (fp32, rounded to bf16); ``amax = max(|x|, 1e-4)``, ``e = ceil(log2(amax/448))``
+    exactly; bytes ``e4m3fn(clamp(x * 2^-e, +-448))`` (RNE, NaN -> -448); ``w = ((fp32(w_raw) *
+    2^e) * 128^-0.5) * 64^-0.5``. No Hadamard rotation. q_out: uint8 (or float8_e4m3fn)
+    ``[T, H, 128]`` and w_out: fp32 ``[T, H]`` written in place (else allocated). CPU backend
+    only so far (a CUDA tensor raises naming ``path``). Returns ``(q_out, w_out)``.
+    """
+    op = "indexer_q_prep"
+    _arrays(op, required=[("q", q, 3), ("positions", positions, 1), ("rope", rope, 2),
+                          ("w_raw", w_raw, 2)],
+            optional_written=[("q_out", q_out, 3), ("w_out", w_out, 2)])
+    path = _ck.path(op, path)
+    t, h = q.shape[0], q.shape[1]
+    if q_out is None:
+        q_out = _empty(positions, (t, h, 128), "uint8")
+    if w_out is None:
+        w_out = _empty(positions, (t, h), "float32")
+    _dispatch("indexer_q_prep", _r_indexer_q_prep, w_out,
+              (q, positions, rope, w_raw, q_out, w_out, path))
+    return q_out, w_out
+
+
 # ---- planners and gates ----------------------------------------------------------------------------------
 def plan_generic(num_tokens, num_heads, width_main, width_extra, num_sms):
     """Generic split selector of CONTRACT 4.4 (cap 16): S from T, hb = ceil(H/16), the lists' dense

@@ -116,6 +116,24 @@ def inverse_rope(x: Tensor, positions: Tensor, rope: Tensor, path: str) -> None:
     _ops._r_inverse_rope(x, positions, rope, path)
 
 
+@_op("indexer_topk", ("indices", "lengths", "scores", "workspace"))
+def indexer_topk(q: Tensor, w: Tensor, cache: Tensor, block_table: Tensor, row_request: Tensor,
+                 num_candidates: Tensor, topk: int, block_size: int, layout: str, order: str,
+                 indices: Tensor, lengths: Optional[Tensor], scores: Optional[Tensor],
+                 workspace: Optional[Tensor], path: str) -> None:
+    """Lightning-indexer top-k into indices (and lengths, scores) (sparsemla.indexer_topk). A
+    missing workspace is allocated on the current stream when the size query asks for one."""
+    _ops._r_indexer_topk(q, w, cache, block_table, row_request, num_candidates, topk, block_size,
+                         layout, order, indices, lengths, scores, workspace, path)
+
+
+@_op("indexer_q_prep", ("q_out", "w_out"))
+def indexer_q_prep(q: Tensor, positions: Tensor, rope: Tensor, w_raw: Tensor, q_out: Tensor,
+                   w_out: Tensor, path: str) -> None:
+    """Indexer query prep (sparsemla.indexer_q_prep)."""
+    _ops._r_indexer_q_prep(q, positions, rope, w_raw, q_out, w_out, path)
+
+
 @_op("sparse_decode_out", ("out", "lse", "workspace"))
 def sparse_decode_out(inputs: List[Optional[Tensor]], out: Tensor, lse: Optional[Tensor],
                       workspace: Optional[Tensor], config: List[int], scale: float, path: str,
@@ -153,7 +171,8 @@ def _no_output(*args, **kwargs):
 
 for _dest in (write_window, write_compressor_state, compress, compress_indexer, gather_indexer_keys,
               build_ragged_from_dense, build_window_lists, build_topk_lists,
-              build_compressed_all_lists, inverse_rope, sparse_decode_out):
+              build_compressed_all_lists, inverse_rope, indexer_topk, indexer_q_prep,
+              sparse_decode_out):
     _dest.register_fake(_no_output)
 
 _ops._TORCH = torch

@@ -1062,6 +1062,179 @@ nb::dict py_verify(const In& out, const In& ref, const In& abs_mean) {
   return d;
 }
 
+// ---- lightning indexer (CONTRACT 11) ------------------------------------------------------------
+TopkOrder order_of(Call& c, const std::string& name) {
+  if (name == "by_index") return TopkOrder::ByIndex;
+  if (name == "by_score") return TopkOrder::ByScore;
+  c.fail("order", "'by_index' or 'by_score'", "'" + name + "'");
+}
+
+// The params of one indexer call from its arrays. Outputs: indices int32 [T, W] (W >= topk; the
+// Python argument `out`, named so in errors) and
+// the optional lengths [T] / scores [T, W]. Without indices (the size query) the call's w stands
+// in for the output pointers: it lives where the outputs will (the backend's choice), is 4-byte
+// aligned and is never written by a size query; `with_scores` then says whether scores will be
+// requested.
+IndexerParams indexer_params(Call& c, const In& q, const In& w, const In& cache, int64_t block_size,
+                             const std::string& layout, const In& block_table,
+                             const In& row_request, const In& num_candidates, int32_t topk,
+                             int64_t width, const std::string& order, const Out& indices,
+                             const Out& lengths, const Out& scores, bool with_scores,
+                             const std::string& path, uintptr_t stream) {
+  IndexerParams p;
+  c.check("q", q, Kind::U8, 3);
+  c.last_contiguous("q", q);
+  c.positive_strides("q", q);
+  c.dim("q", q, 2, kIndexerHeadDim, "128");
+  p.num_tokens = static_cast<int64_t>(q.shape(0));
+  p.num_heads = static_cast<int32_t>(q.shape(1));
+  if (q.shape(1) < 1 || q.shape(1) > 128) {
+    c.fail("q", "shape[1] = H in 1..128", "shape " + shape_text(q));
+  }
+  p.q = ptr<const uint8_t>(q);
+  p.q_stride_token = Call::stride_or_default(q, 0);
+  p.q_stride_head = Call::stride_or_default(q, 1);
+  p.w_stride_token = rows(c, "w", w, Kind::F32, p.num_tokens, p.num_heads, "q.shape[0]");
+  if (p.num_tokens <= 1) p.w_stride_token = 0;
+  p.w = ptr<const float>(w);
+  p.cache = indexer_cache(c, "cache", cache, block_size, layout);
+  const Table t = table(c, "block_table", block_table);
+  p.block_table = t.data;
+  p.block_table_stride = t.stride;
+  p.block_table_width = t.width;
+  p.num_requests = t.rows;
+  c.vec("row_request", row_request, Kind::I32, p.num_tokens, "q.shape[0]");
+  p.row_request = ptr<const int32_t>(row_request);
+  c.vec("num_candidates", num_candidates, Kind::I32, p.num_tokens, "q.shape[0]");
+  p.num_candidates = ptr<const int32_t>(num_candidates);
+  p.topk = topk;
+  p.order = order_of(c, order);
+  if (indices.is_valid()) {
+    c.check("out", indices, Kind::I32, 2);
+    const int64_t W = static_cast<int64_t>(indices.shape(1));
+    if (W < topk)
+      c.fail("out", "shape[1] = W >= topk = " + std::to_string(topk),
+             "shape " + shape_text(indices));
+    if (W > INT32_MAX) c.fail("out", "shape[1] < 2^31", "shape " + shape_text(indices));
+    p.width = static_cast<int32_t>(W);
+    p.indices_stride = rows(c, "out", indices, Kind::I32, p.num_tokens, W, "q.shape[0]");
+    p.indices = ptr<int32_t>(indices);
+    p.lengths = c.opt_vec<int32_t>("lengths", lengths, Kind::I32, p.num_tokens, "q.shape[0]");
+    if (scores.is_valid()) {
+      p.scores_stride = rows(c, "scores", scores, Kind::F32, p.num_tokens, W, "q.shape[0]");
+      p.scores = ptr<float>(scores);
+    }
+  } else {
+    if (width < topk || width > INT32_MAX) {
+      c.fail("width", "W in [topk = " + std::to_string(topk) + ", 2^31-1]", std::to_string(width));
+    }
+    p.width = static_cast<int32_t>(width);
+    float* stand_in = const_cast<float*>(p.w);
+    p.indices = reinterpret_cast<int32_t*>(stand_in);
+    p.indices_stride = p.width;
+    p.scores = with_scores ? stand_in : nullptr;
+    p.scores_stride = p.width;
+  }
+  p.path = path_of(path);
+  p.stream = stream_of(stream);
+  return p;
+}
+
+size_t py_indexer_workspace_size(const In& q, const In& w, const In& cache, int64_t block_size,
+                                 const std::string& layout, const In& block_table,
+                                 const In& row_request, const In& num_candidates, int32_t topk,
+                                 int64_t width, const std::string& order, bool with_scores,
+                                 const std::string& path) {
+  Call c("indexer_workspace_size");
+  const IndexerParams p =
+      indexer_params(c, q, w, cache, block_size, layout, block_table, row_request, num_candidates,
+                     topk, width, order, Out(), Out(), Out(), with_scores, path, 0);
+  return indexer_workspace_size(p);
+}
+
+// Runs the indexer. Workspace: the given array when the size query asks for one, else
+// `alloc(nbytes)` (an array of >= nbytes bytes on the call's device), kept alive for the call.
+void py_indexer_topk(const In& q, const In& w, const In& cache, int64_t block_size,
+                     const std::string& layout, const In& block_table, const In& row_request,
+                     const In& num_candidates, int32_t topk, const std::string& order,
+                     const Out& indices, const Out& lengths, const Out& scores,
+                     const Out& workspace, nb::object alloc, const std::string& path,
+                     uintptr_t stream) {
+  Call c("indexer_topk");
+  if (!indices.is_valid()) c.fail("out", "an int32 [T, W] output array", "None");
+  const IndexerParams p =
+      indexer_params(c, q, w, cache, block_size, layout, block_table, row_request, num_candidates,
+                     topk, 0, order, indices, lengths, scores, false, path, stream);
+  const size_t need = indexer_workspace_size(p);
+  Out ws = workspace;
+  void* ws_ptr = nullptr;
+  size_t ws_bytes = 0;
+  if (need > 0 && !ws.is_valid() && !alloc.is_none()) ws = nb::cast<Out>(alloc(need));
+  if (ws.is_valid()) {
+    c.check("workspace", ws, Kind::AnyBytes, -1);
+    c.contiguous_from("workspace", ws, 0);
+    ws_ptr = ws.data();
+    ws_bytes = ws.nbytes();
+  }
+  nb::gil_scoped_release release;
+  indexer_topk(p, ws_ptr, ws_bytes);
+}
+
+void py_indexer_candidates(const In& positions, const Out& out) {
+  Call c("indexer_candidates_from_positions");
+  const int64_t T = c.vec("positions", positions, Kind::I64, -1, "");
+  c.vec("out", out, Kind::I32, T, "positions.shape[0]");
+  if (c.on_device())
+    c.fail("positions", "host arrays (torch tensors are computed with torch ops)", "CUDA arrays");
+  const int64_t* pos = ptr<const int64_t>(positions);
+  int32_t* n = ptr<int32_t>(out);
+  nb::gil_scoped_release release;
+  indexer_candidates_from_positions(pos, T, n);
+}
+
+// The query prep of CONTRACT 11.6: q bf16 [T, H, 128], positions int64 [T], rope fp32 [P, >= 64],
+// w_raw bf16 [T, H] -> q_out uint8 [T, H, 128] (e4m3 bytes), w_out fp32 [T, H].
+void py_indexer_q_prep(const In& q, const In& positions, const In& rope, const In& w_raw,
+                       const Out& q_out, const Out& w_out, const std::string& path,
+                       uintptr_t stream) {
+  Call c("indexer_q_prep");
+  IndexerQPrepParams p;
+  c.check("q", q, Kind::Bf16, 3);
+  c.last_contiguous("q", q);
+  c.positive_strides("q", q);
+  c.dim("q", q, 2, kIndexerHeadDim, "128");
+  p.num_tokens = static_cast<int64_t>(q.shape(0));
+  if (q.shape(1) < 1 || q.shape(1) > 128) {
+    c.fail("q", "shape[1] = H in 1..128", "shape " + shape_text(q));
+  }
+  p.num_heads = static_cast<int32_t>(q.shape(1));
+  p.q = ptr<const bf16_bits>(q);
+  p.q_stride_token = Call::stride_or_default(q, 0);
+  p.q_stride_head = Call::stride_or_default(q, 1);
+  c.vec("positions", positions, Kind::I64, p.num_tokens, "q.shape[0]");
+  p.positions = ptr<const int64_t>(positions);
+  p.rope = rope_table(c, "rope", rope);
+  p.w_raw_stride = rows(c, "w_raw", w_raw, Kind::Bf16, p.num_tokens, p.num_heads, "q.shape[0]");
+  if (p.num_tokens <= 1) p.w_raw_stride = 0;
+  p.w_raw = ptr<const bf16_bits>(w_raw);
+  c.check("q_out", q_out, Kind::U8, 3);
+  c.last_contiguous("q_out", q_out);
+  c.positive_strides("q_out", q_out);
+  c.dim("q_out", q_out, 0, p.num_tokens, "T (q.shape[0])");
+  c.dim("q_out", q_out, 1, p.num_heads, "H (q.shape[1])");
+  c.dim("q_out", q_out, 2, kIndexerHeadDim, "128");
+  p.q_out = ptr<uint8_t>(q_out);
+  p.q_out_stride_token = Call::stride_or_default(q_out, 0);
+  p.q_out_stride_head = Call::stride_or_default(q_out, 1);
+  p.w_out_stride = rows(c, "w_out", w_out, Kind::F32, p.num_tokens, p.num_heads, "q.shape[0]");
+  if (p.num_tokens <= 1) p.w_out_stride = 0;
+  p.w_out = ptr<float>(w_out);
+  p.path = path_of(path);
+  p.stream = stream_of(stream);
+  nb::gil_scoped_release release;
+  indexer_q_prep(p);
+}
+
 // ---- planners ----------------------------------------------------------------------------------
 void rope_table_fill(const Out& out, const std::string& kind, double theta, bool yarn,
                      double factor, int64_t original_len, double beta_fast, double beta_slow) {
@@ -1123,6 +1296,18 @@ NB_MODULE(_C, m) {
   m.def("gather_indexer_keys", &py_gather_indexer_keys, "token_to_seq"_a, "cu_seqlen"_a,
         "block_table"_a, "cache"_a, "block_size"_a, "layout"_a, "k_fp8"_a, "k_scale"_a, "path"_a,
         "stream"_a = 0);
+
+  m.def("indexer_workspace_size", &py_indexer_workspace_size, "q"_a, "w"_a, "cache"_a,
+        "block_size"_a, "layout"_a, "block_table"_a, "row_request"_a, "num_candidates"_a, "topk"_a,
+        "width"_a, "order"_a, "with_scores"_a, "path"_a);
+  m.def("indexer_topk", &py_indexer_topk, "q"_a, "w"_a, "cache"_a, "block_size"_a, "layout"_a,
+        "block_table"_a, "row_request"_a, "num_candidates"_a, "topk"_a, "order"_a, "indices"_a,
+        "lengths"_a.none(), "scores"_a.none(), "workspace"_a.none(), "alloc"_a.none(), "path"_a,
+        "stream"_a = 0);
+  m.def("indexer_candidates_from_positions", &py_indexer_candidates, "positions"_a, "out"_a);
+  m.def("indexer_q_prep", &py_indexer_q_prep, "q"_a, "positions"_a, "rope"_a, "w_raw"_a, "q_out"_a,
+        "w_out"_a, "path"_a, "stream"_a = 0);
+  m.attr("INDEXER_MAX_TOPK") = kIndexerMaxTopk;
 
   m.def("build_ragged_from_dense", &py_build_ragged_from_dense, "dense"_a, "lengths"_a,
         "request_index"_a.none(), "num_slots"_a, "row_valid"_a.none(), "out_indices"_a,
