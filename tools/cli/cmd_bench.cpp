@@ -15,6 +15,7 @@
 #include "bench_timer.h"
 #include "cli_checks.h"
 #include "commands.h"
+#include "indexer_problem.h"
 #include "reference.h"
 #include "runner.h"
 
@@ -38,6 +39,12 @@ struct BenchOptions {
   bool launch_floor = false;
   bool gather_only = false;
   bool mma_peak = false;
+  // --op indexer (CONTRACT 11.9): contexts (n = context / 4), k, next_n, lengths varying 4x.
+  std::string op = "decode";
+  std::vector<int64_t> contexts{8192, 32768, 131072, 524288, 1048576};
+  std::vector<int32_t> topks{512, 1024};
+  std::vector<int32_t> mtps{1};
+  bool vary = false;
 };
 
 // Every path but cpu times a CUDA kernel (auto included: the CUDA path rule).
@@ -206,7 +213,131 @@ void print_auto_vs_best(const nlohmann::json& results) {
   }
 }
 
+// ---- --op indexer: the standard shapes of CONTRACT 11.9 -----------------------------------------
+// The CPU backend is timed with a steady clock around whole calls; the memory floor is the 11.9
+// byte count (keys once per request, per-row q, w and output) at 4.3 TB/s, the H200's. GPU cells
+// are reported skipped until the bench mirrors indexer problems to the device (the CUDA indexer is
+// being built).
+void indexer_defaults_for_cpu(BenchOptions& o, const CLI::App& cmd) {
+  if (!o.paths.empty() || cuda_device_available()) return;
+  auto unset = [&](const char* name) { return cmd.count(name) == 0; };
+  o.paths = {"cpu"};
+  if (unset("--contexts")) o.contexts = {8192, 32768};
+  if (unset("--batches")) o.batches = {1};
+  if (unset("--topks")) o.topks = {512};
+  if (unset("--reps")) o.timing.reps = 3;
+  if (unset("--warmup")) o.timing.warmup = 0;
+  std::fprintf(stderr,
+               "bench --op indexer: %s; timing a short CPU table instead (--paths cpu, contexts "
+               "8192,32768, batch 1, k 512, 3 reps unless given)\n",
+               cuda_device_problem().c_str());
+}
+
+void print_indexer_header() {
+  std::printf("%8s %7s %5s %3s %5s %-7s %-12s %10s %17s %8s %9s %9s %8s %s\n", "context", "n", "B",
+              "mtp", "k", "lengths", "path", "median_us", "p10..p90_us", "GB/s", "TFLOP/s",
+              "floor_us", "%floor", "verify");
+}
+
+int bench_indexer_main(BenchOptions& o, const CLI::App& cmd) {
+  for (const char* gpu_only :
+       {"--launch-floor", "--gather-only", "--mma-peak", "--shapes", "--splits", "--data"}) {
+    if (cmd.count(gpu_only) > 0)
+      throw_arg_error("bench", gpu_only, "an option of --op decode", "--op indexer");
+  }
+  if (!o.json.empty()) check_output_file("bench", "--json", o.json);
+  if (cmd.count("--batches") == 0) o.batches = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+  indexer_defaults_for_cpu(o, cmd);
+  const std::vector<Path> paths = bench_paths(o);
+  nlohmann::json results = nlohmann::json::array();
+  CellTally tally;
+  print_indexer_header();
+  for (int64_t context : o.contexts) {
+    for (int32_t mtp : o.mtps) {
+      for (int32_t k : o.topks) {
+        for (int64_t batch : o.batches) {
+          IndexerProblemConfig cfg;
+          cfg.batch = batch;
+          cfg.candidates = context / 4;
+          cfg.vary = o.vary;
+          cfg.mtp = mtp;
+          cfg.topk = k;
+          cfg.seed = o.seed;
+          const std::string name = "ctx=" + std::to_string(context) +
+                                   " B=" + std::to_string(batch) + " mtp=" + std::to_string(mtp) +
+                                   " k=" + std::to_string(k);
+          std::fprintf(stderr, "[bench] %s: building indexer data ...\n", name.c_str());
+          IndexerProblem pb = build_indexer_problem(cfg);
+          for (Path path : paths) {
+            if (path != Path::Cpu) {
+              std::printf(
+                  "%8lld %7lld %5lld %3d %5d %-7s %-12s skipped: the indexer bench has no "
+                  "device mirror yet (CPU only)\n",
+                  static_cast<long long>(context), static_cast<long long>(context / 4),
+                  static_cast<long long>(batch), mtp, k, o.vary ? "vary4x" : "uniform",
+                  path_name(path));
+              tally.skipped.push_back(name + " " + path_name(path));
+              continue;
+            }
+            const IndexerParams p = pb.params(Path::Cpu);
+            for (int32_t i = 0; i < o.timing.warmup; ++i) indexer_topk(p);
+            std::vector<double> secs;
+            for (int32_t i = 0; i < o.timing.reps; ++i) {
+              const auto t0 = std::chrono::steady_clock::now();
+              indexer_topk(p);
+              secs.push_back(seconds_since(t0));
+            }
+            std::sort(secs.begin(), secs.end());
+            const double med = secs[secs.size() / 2];
+            const double p10 = secs[static_cast<size_t>(0.1 * (secs.size() - 1))];
+            const double p90 = secs[static_cast<size_t>(0.9 * (secs.size() - 1))];
+            const std::string bad = check_indexer_output(pb);
+            if (!bad.empty()) {
+              std::fprintf(stderr, "verify %s cpu: %s\n", name.c_str(), bad.c_str());
+              tally.failed.push_back(name + " cpu");
+            }
+            const char* verdict = bad.empty() ? "PASS" : "FAIL";
+            std::printf(
+                "%8lld %7lld %5lld %3d %5d %-7s %-12s %10.2f %8.2f..%-8.2f %8.1f %9.3f "
+                "%9.2f %7.3f%% %s\n",
+                static_cast<long long>(context), static_cast<long long>(context / 4),
+                static_cast<long long>(batch), mtp, k, o.vary ? "vary4x" : "uniform", "cpu",
+                med * 1e6, p10 * 1e6, p90 * 1e6, pb.bytes() / med * 1e-9, pb.flops() / med * 1e-12,
+                pb.floor_seconds() * 1e6, 100.0 * pb.floor_seconds() / med, verdict);
+            std::fflush(stdout);
+            results.push_back({{"op", "indexer"},
+                               {"context", context},
+                               {"candidates", context / 4},
+                               {"batch", batch},
+                               {"mtp", mtp},
+                               {"topk", k},
+                               {"heads", cfg.heads},
+                               {"lengths", o.vary ? "vary4x" : "uniform"},
+                               {"path", "cpu"},
+                               {"median_us", med * 1e6},
+                               {"p10_us", p10 * 1e6},
+                               {"p90_us", p90 * 1e6},
+                               {"bytes", pb.bytes()},
+                               {"gbps", pb.bytes() / med * 1e-9},
+                               {"tflops", pb.flops() / med * 1e-12},
+                               {"floor_us", pb.floor_seconds() * 1e6},
+                               {"floor_fraction", pb.floor_seconds() / med},
+                               {"verify", verdict}});
+          }
+        }
+      }
+    }
+  }
+  if (!o.json.empty()) write_output_file("bench", "--json", o.json, results.dump(2) + "\n");
+  return report_tally(tally);
+}
+
 int bench_main(BenchOptions& o, const CLI::App& cmd) {
+  if (o.op == "indexer") return bench_indexer_main(o, cmd);
+  for (const char* indexer_only : {"--contexts", "--topks", "--mtp", "--vary-lengths"}) {
+    if (cmd.count(indexer_only) > 0)
+      throw_arg_error("bench", indexer_only, "an option of --op indexer", "--op decode");
+  }
   // These time GPU kernels: a clear error before any work when there is no device to run them on.
   if (o.launch_floor && !cuda_device_available())
     throw_arg_error("bench", "--launch-floor", "a CUDA device", "none available");
@@ -299,6 +430,23 @@ void register_bench(CLI::App& app) {
   cmd->add_flag("--mma-peak", o.mma_peak,
                 "first print the mma.sync ceiling of the generic path's tensor work (registers "
                 "only, and its Q.K block's ldmatrix pattern)");
+  cmd->add_option("--op", o.op,
+                  "operation: decode (default; CONTRACT 10 shapes) or indexer (the lightning "
+                  "indexer, CONTRACT 11.9 shapes: H 64, pages of 64 placed at random)")
+      ->check(CLI::IsMember({"decode", "indexer"}));
+  cmd->add_option("--contexts", o.contexts,
+                  "--op indexer: context tokens (n = context / 4 candidates per request; default "
+                  "8192,32768,131072,524288,1048576)")
+      ->delimiter(',')
+      ->check(integer_in(4, int64_t{1} << 20));
+  cmd->add_option("--topks", o.topks, "--op indexer: top-k widths k (default 512,1024)")
+      ->delimiter(',')
+      ->check(integer_in(1, 2048));
+  cmd->add_option("--mtp", o.mtps, "--op indexer: query rows per request, next_n (default 1)")
+      ->delimiter(',')
+      ->check(integer_in(1, 8));
+  cmd->add_flag("--vary-lengths", o.vary,
+                "--op indexer: per-request lengths varying 4x (n/4 .. n) instead of uniform");
   cmd->add_option("--json", o.json, "write all results as JSON to this file");
   cmd->add_option("--seed", o.seed, "random seed");
   cmd->callback([cmd] {

@@ -18,7 +18,11 @@ namespace sparsemla::tools {
 namespace {
 
 struct RunOptions {
-  ProblemConfig problem;
+  ProblemConfig problem = [] {
+    ProblemConfig c;
+    c.topk_source = "indexer";  // run: ratio-4 lists from the lightning indexer (CONTRACT 11)
+    return c;
+  }();
   std::string path = "auto";
   int32_t splits = 0;
   int32_t repeat = 3;
@@ -67,6 +71,11 @@ void write_json(const std::string& file, const Problem& pb, const DecodeRun& r,
                       {"max_bound_ratio", v.max_bound_ratio},
                       {"cosine_diff", v.cosine_diff},
                       {"passed", v.passed}};
+  if (pb.indexer_seconds > 0) {
+    j["indexer_ms"] = pb.indexer_seconds * 1e3;
+    j["indexer_candidates"] = pb.indexer_candidates;
+    j["topk_source"] = "indexer";
+  }
   write_output_file("run", "--json", file, j.dump(2) + "\n");
 }
 
@@ -92,6 +101,19 @@ int run_main(const RunOptions& o) {
   progress("verify: " + v.summary());
   print_header();
   print_row(pb, r, v);
+  // The indexer step of a ratio-4 layer, its own line: CPU time, and bytes per CONTRACT 11.9 (132
+  // per candidate, read once per request).
+  if (pb.indexer_seconds > 0) {
+    std::printf(
+        "%-10s %5lld %5lld %4d %9.1f %-12s %3s %10.4f %9s %9.2f  (indexer step, CPU; "
+        "candidates/row, k = %d)\n",
+        "indexer", static_cast<long long>(pb.config.batch), static_cast<long long>(pb.tokens), 64,
+        static_cast<double>(pb.indexer_candidates) / static_cast<double>(pb.tokens), "cpu", "-",
+        pb.indexer_seconds * 1e3, "-",
+        132.0 * static_cast<double>(pb.indexer_candidates) / pb.config.mtp / pb.indexer_seconds *
+            1e-9,
+        pb.kind.topk);
+  }
   if (!o.json.empty()) write_json(o.json, pb, r, v);
   return v.passed ? 0 : 3;
 }
@@ -113,6 +135,10 @@ void register_run(CLI::App& app) {
   cmd->add_option("--seed", o.problem.seed, "random seed");
   cmd->add_option("--path", o.path, "auto | cpu | cuda-generic | cuda-sm90")
       ->check(CLI::IsMember({"auto", "cpu", "cuda-generic", "cuda-sm90"}));
+  cmd->add_option("--topk-source", o.problem.topk_source,
+                  "ratio-4 top-k lists: indexer (default: the lightning indexer on the CPU over "
+                  "random keys, timed on its own line) or random (distinct random entries)")
+      ->check(CLI::IsMember({"indexer", "random"}));
   cmd->add_option("--splits", o.splits, "split count (0: planner)")->check(integer_in(0, 32));
   cmd->add_option("--repeat", o.repeat, "timed repetitions (median reported)")
       ->check(integer_in(1, 1000));

@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "fast_rng.h"
+#include "indexer_problem.h"
 #include "progress.h"
 
 namespace sparsemla::tools {
@@ -254,11 +255,26 @@ void run_compressor(Problem& pb, const Requests& req, int32_t ratio, const Compr
 }
 
 // Ratio-4 extra lists: the indexer's top-k, here distinct random entries among those completed.
+// With topk_source "indexer" the indexer picks them (CONTRACT 11; vLLM's indexer pages sit next to
+// the compressed ones, so its block table is the compressed one).
 void build_topk(Problem& pb, const CompressedTable& ct, FastRng& rng) {
   const int64_t W = pb.kind.topk, T = pb.tokens;
   std::vector<int32_t> topk(T * W, -1), req_of_row(T);
-  for (int64_t t = 0; t < T; ++t) {
-    req_of_row[t] = static_cast<int32_t>(t / pb.config.mtp);
+  for (int64_t t = 0; t < T; ++t) req_of_row[t] = static_cast<int32_t>(t / pb.config.mtp);
+  const bool indexer = pb.config.topk_source == "indexer";
+  if (indexer) {
+    std::vector<int32_t> lengths;
+    pb.indexer_seconds = run_indexer_step(
+        ct.table, static_cast<int32_t>(ct.width), pb.config.batch, pb.compressed_cache.num_blocks,
+        pb.compressed_cache.block_size, pb.positions, req_of_row, static_cast<int32_t>(W),
+        pb.config.seed, 3, topk, lengths);
+    for (int64_t t = 0; t < T; ++t) pb.indexer_candidates += (pb.positions[t] + 1) / 4;
+    report(pb.config, "indexer (CPU): " + std::to_string(pb.indexer_candidates) +
+                          " candidates over " + std::to_string(T) +
+                          " rows, k = " + std::to_string(W) + ", " +
+                          std::to_string(pb.indexer_seconds * 1e3) + " ms");
+  }
+  for (int64_t t = 0; t < T && !indexer; ++t) {
     const int64_t n = (pb.positions[t] + 1) / 4;
     std::vector<int32_t> all(n);
     std::iota(all.begin(), all.end(), 0);
@@ -369,6 +385,8 @@ Problem build_problem(const ProblemConfig& cfg) {
   pb.kind = layer_kind(cfg.layer);
   pb.heads = cfg.heads > 0 ? cfg.heads : pb.kind.heads;
   SPARSEMLA_CHECK_ARG(pb.heads >= 1 && pb.heads <= 128, "run", "--heads", "1..128", pb.heads);
+  SPARSEMLA_CHECK_ARG(cfg.topk_source == "random" || cfg.topk_source == "indexer", "run",
+                      "--topk-source", "random or indexer", cfg.topk_source);
   pb.tokens = cfg.batch * cfg.mtp;
   FastRng rng(cfg.seed);
   const Requests req = make_requests(cfg, rng);

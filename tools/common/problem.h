@@ -33,6 +33,9 @@ struct ProblemConfig {
   int32_t window_page = 64;     // window cache page size
   int32_t compressed_page = 0;  // 0: 64 for ratio 4, 2 for ratio 128
   int64_t chunk = 1024;         // tokens per compressor batch (chunked prefill)
+  // Ratio-4 top-k lists: "random" (distinct random completed entries) or "indexer" (the lightning
+  // indexer of CONTRACT 11 on the CPU, over random keys placed by the compressed block table).
+  std::string topk_source = "random";
   std::function<void(const std::string&)> progress;  // stage messages (may be empty)
 };
 
@@ -68,7 +71,9 @@ struct Problem {
   std::vector<int64_t> positions;  // [T]
   std::vector<float> rope;         // [P, 64] the layer's table
   int64_t rope_rows = 0;
-  int64_t attended_keys = 0;  // valid keys over all rows (for FLOP/byte counts)
+  int64_t attended_keys = 0;       // valid keys over all rows (for FLOP/byte counts)
+  double indexer_seconds = 0;      // topk_source "indexer": the indexer step's CPU time (median)
+  int64_t indexer_candidates = 0;  // topk_source "indexer": sum of n_t over the rows
 
   // A DecodeParams over the host buffers (out/lse/path/splits left for the caller).
   DecodeParams params() const;
