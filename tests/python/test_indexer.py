@@ -179,7 +179,7 @@ def test_q_prep_bit_exact_with_edges(rng):
 
 
 def test_q_prep_feeds_the_indexer_pipeline(rng):
-    """q prep -> indexer -> ratio-4 builder -> decode runs and the builder's list equals the
+    """q prep -> indexer -> ratio-4 builder: the builder's list equals the
     indexer's rows mapped through the table (CONTRACT 4.6; item 9 of CONTRACT 11.8)."""
     T, H, bs, nb, Wt = 4, 64, 16, 12, 4
     q, pos, rope, wr = prep_inputs(rng, T, H)
