@@ -949,6 +949,26 @@ DecodeParams decode_params(Call& c, const DecodeArgs& a, const Out& out, const O
   return p;
 }
 
+// The workspace of a call that needs `need` bytes: the given array, else `alloc(need)` (an array of
+// >= need bytes on the call's device, e.g. a DLPack capsule of a torch tensor) when need > 0; the
+// returned holder keeps it alive for the call. A given array is checked (contiguous bytes).
+struct CallWorkspace {
+  Out holder;
+  void* ptr = nullptr;
+  size_t bytes = 0;
+};
+CallWorkspace call_workspace(Call& c, const Out& workspace, const nb::object& alloc, size_t need) {
+  CallWorkspace w{workspace};
+  if (need > 0 && !w.holder.is_valid() && !alloc.is_none()) w.holder = nb::cast<Out>(alloc(need));
+  if (w.holder.is_valid()) {
+    c.check("workspace", w.holder, Kind::AnyBytes, -1);
+    c.contiguous_from("workspace", w.holder, 0);
+    w.ptr = w.holder.data();
+    w.bytes = w.holder.nbytes();
+  }
+  return w;
+}
+
 // Runs the decode with the given plan, else the call's own. Workspace: the given array when the
 // plan needs one, else `alloc(nbytes)` is called (it returns an array of >= nbytes bytes on the
 // call's device, e.g. a DLPack capsule of a torch tensor) and kept alive for the call.
@@ -960,20 +980,12 @@ void py_sparse_decode(const DecodeArgs& a, const Out& out, const Out& lse, const
   if (p.num_tokens == 0) return;
   // Planned from the call's shape; sparse_decode then validates the call (errors name it).
   const DecodePlan plan = a.plan ? *a.plan : plan_decode(decode_shape(p));
-  Out ws = workspace;
-  void* ws_ptr = nullptr;
-  size_t ws_bytes = 0;
-  if (plan.workspace_bytes > 0) {
-    if (!ws.is_valid() && !alloc.is_none()) ws = nb::cast<Out>(alloc(plan.workspace_bytes));
-    if (ws.is_valid()) {
-      c.check("workspace", ws, Kind::AnyBytes, -1);
-      c.contiguous_from("workspace", ws, 0);
-      ws_ptr = ws.data();
-      ws_bytes = ws.nbytes();
-    }
-  }
+  // A plan without a workspace ignores a given array (it is neither checked nor passed).
+  const CallWorkspace ws = plan.workspace_bytes > 0
+                               ? call_workspace(c, workspace, alloc, plan.workspace_bytes)
+                               : CallWorkspace{};
   nb::gil_scoped_release release;
-  sparse_decode(p, plan, ws_ptr, ws_bytes);
+  sparse_decode(p, plan, ws.ptr, ws.bytes);
 }
 
 std::optional<std::string> py_decode_unsupported(const DecodeArgs& a, const Out& out,
@@ -1165,19 +1177,9 @@ void py_indexer_topk(const In& q, const In& w, const In& cache, int64_t block_si
   const IndexerParams p =
       indexer_params(c, q, w, cache, block_size, layout, block_table, row_request, num_candidates,
                      topk, 0, order, indices, lengths, scores, false, path, stream);
-  const size_t need = indexer_workspace_size(p);
-  Out ws = workspace;
-  void* ws_ptr = nullptr;
-  size_t ws_bytes = 0;
-  if (need > 0 && !ws.is_valid() && !alloc.is_none()) ws = nb::cast<Out>(alloc(need));
-  if (ws.is_valid()) {
-    c.check("workspace", ws, Kind::AnyBytes, -1);
-    c.contiguous_from("workspace", ws, 0);
-    ws_ptr = ws.data();
-    ws_bytes = ws.nbytes();
-  }
+  const CallWorkspace ws = call_workspace(c, workspace, alloc, indexer_workspace_size(p));
   nb::gil_scoped_release release;
-  indexer_topk(p, ws_ptr, ws_bytes);
+  indexer_topk(p, ws.ptr, ws.bytes);
 }
 
 void py_indexer_candidates(const In& positions, const Out& out) {

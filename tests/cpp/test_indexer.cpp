@@ -37,23 +37,6 @@ using decode::TestList;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-struct IndexerOut {
-  std::vector<int32_t> indices, lengths;
-  std::vector<float> scores;
-};
-
-IndexerOut run(const IndexerCase& c, TopkOrder order = TopkOrder::ByIndex, bool scores = true) {
-  IndexerOut o;
-  o.indices.assign(static_cast<size_t>(c.T * c.W), 0x5EED);  // poisoned: every element written
-  o.lengths.assign(static_cast<size_t>(c.T), -7);
-  if (scores) o.scores.assign(static_cast<size_t>(c.T * c.W), 12345.0f);
-  IndexerParams p =
-      c.params(o.indices.data(), o.lengths.data(), scores ? o.scores.data() : nullptr);
-  p.order = order;
-  indexer_topk(p);
-  return o;
-}
-
 // Always exact (11.7): len, indices inside C_t without duplicates, -1 and -inf padding.
 void expect_structure(const IndexerCase& c, const IndexerOut& o, int64_t t) {
   const std::vector<RefCandidate> cand = ref_candidates(c, t);
@@ -142,11 +125,11 @@ TEST(CpuIndexer, ExactDataMatchesReferenceBitForBitAcrossLengthsAndLayouts) {
     for (int64_t t = 0; t < T; ++t)
       c.row_req[t] = static_cast<int32_t>(t), c.n[t] = std::max(0, lengths[t]);
     for (const TopkOrder order : {TopkOrder::ByIndex, TopkOrder::ByScore}) {
-      const IndexerOut o = run(c, order);
+      const IndexerOut o = run_indexer_cpu(c, order);
       for (int64_t t = 0; t < T; ++t) expect_exact(c, o, t, order);
     }
-    const IndexerOut bare = run(c, TopkOrder::ByIndex, /*scores=*/false);
-    const IndexerOut full = run(c, TopkOrder::ByIndex);
+    const IndexerOut bare = run_indexer_cpu(c, TopkOrder::ByIndex, /*scores=*/false);
+    const IndexerOut full = run_indexer_cpu(c, TopkOrder::ByIndex);
     EXPECT_EQ(bare.indices, full.indices) << "the scores output changed the selection";
   }
 }
@@ -168,7 +151,7 @@ TEST(CpuIndexer, PlantedNeedlesAreTheSelection) {
     while (static_cast<int32_t>(needles.size()) < k) needles.insert(rng.randint(0, c.n[t] - 1));
     for (const int64_t j : needles) c.set_entry(t, j, c.q.data() + t * c.H * 128, 1.0f);
   }
-  const IndexerOut o = run(c, TopkOrder::ByScore);
+  const IndexerOut o = run_indexer_cpu(c, TopkOrder::ByScore);
   for (int64_t t = 0; t < c.T; ++t) {
     expect_within_bounds(c, o, t, kCpuEps);
     std::set<int64_t> want;
@@ -193,7 +176,7 @@ TEST(CpuIndexer, RandomDataWithinTheNearTieRuleWithMtpRows) {
   }
   c.n[1] = c.n[0] + 1;
   double worst = 0.0;
-  const IndexerOut o = run(c, TopkOrder::ByIndex);
+  const IndexerOut o = run_indexer_cpu(c, TopkOrder::ByIndex);
   for (int64_t t = 0; t < c.T; ++t) {
     expect_within_bounds(c, o, t, kCpuEps);
     for (int32_t i = 0; i < o.lengths[t]; ++i) {
@@ -222,7 +205,7 @@ TEST(CpuIndexer, InvalidDeviceValuesFollowTheRule) {
   const int32_t ns[6] = {Wt * ibs, Wt * ibs, 40, 40, -5, Wt * ibs + 1000};
   for (int64_t t = 0; t < c.T; ++t) c.row_req[t] = reqs[t], c.n[t] = ns[t];
   for (const TopkOrder order : {TopkOrder::ByIndex, TopkOrder::ByScore}) {
-    const IndexerOut o = run(c, order);
+    const IndexerOut o = run_indexer_cpu(c, order);
     for (int64_t t = 0; t < c.T; ++t) expect_exact(c, o, t, order);
     EXPECT_EQ(o.lengths[0], std::min(k, (Wt - 5) * ibs));  // only page 5 of request 0 is valid
     EXPECT_EQ(o.lengths[2], 0);                            // row_req -1
@@ -232,7 +215,7 @@ TEST(CpuIndexer, InvalidDeviceValuesFollowTheRule) {
   IndexerCase empty = c;
   empty.T = 0;
   empty.row_req.clear(), empty.n.clear(), empty.q.clear(), empty.w.clear();
-  EXPECT_NO_THROW(run(empty));
+  EXPECT_NO_THROW(run_indexer_cpu(empty));
 }
 
 // 11.8.5: NaN bytes and a +inf scale rank last; -0 ties +0; NaN in w. Exact data around them.
@@ -254,7 +237,7 @@ TEST(CpuIndexer, NanKeysInfScalesAndNanWeightsRankLast) {
   }
   c.w[2 * c.H + 1] = std::numeric_limits<float>::quiet_NaN();  // row 2: every score NaN
   for (const TopkOrder order : {TopkOrder::ByIndex, TopkOrder::ByScore}) {
-    const IndexerOut o = run(c, order);
+    const IndexerOut o = run_indexer_cpu(c, order);
     for (int64_t t = 0; t < c.T; ++t) expect_exact(c, o, t, order);
     // Row 2 ranks every candidate -inf: the lowest k indices win.
     for (int32_t i = 0; i < k; ++i)
@@ -283,7 +266,7 @@ TEST(CpuIndexer, TiesAndLowContrastRowsFollowTheTieBreak) {
   }
   for (int64_t t = 0; t < c.T; ++t) c.w[t] = 1.0f / 64, c.n[t] = 65536;
   for (const TopkOrder order : {TopkOrder::ByIndex, TopkOrder::ByScore}) {
-    const IndexerOut o = run(c, order);
+    const IndexerOut o = run_indexer_cpu(c, order);
     for (int64_t t = 0; t < c.T; ++t) expect_exact(c, o, t, order);
   }
 }
@@ -297,18 +280,12 @@ TEST(CpuIndexer, LongRowsOf262144CandidatesMatchTheReferenceRule) {
   IndexerCase c = make_indexer_case(rng, 4, 1, ibs, 1, Wt, k, k);
   fill_exact(rng, c);
   // Four requests over the same 4096 pages (34.8 MB), each in its own order.
-  c.R = 4;
-  c.table.resize(static_cast<size_t>(c.R * c.table_stride));
-  for (int64_t r = 1; r < c.R; ++r) {
-    std::copy_n(c.table.begin(), c.table_stride, c.table.begin() + r * c.table_stride);
-    std::shuffle(c.table.begin() + r * c.table_stride, c.table.begin() + r * c.table_stride + Wt,
-                 rng.engine());
-  }
+  share_pages_across_requests(rng, c, 4);
   for (int64_t t = 0; t < c.T; ++t) {
     c.row_req[t] = static_cast<int32_t>(t);
     c.n[t] = t == 0 ? Wt * ibs : static_cast<int32_t>(rng.randint(Wt * ibs / 4, Wt * ibs));
   }
-  const IndexerOut o = run(c, TopkOrder::ByScore);
+  const IndexerOut o = run_indexer_cpu(c, TopkOrder::ByScore);
   for (int64_t t = 0; t < c.T; ++t) expect_exact(c, o, t, TopkOrder::ByScore);
 }
 
@@ -323,9 +300,9 @@ TEST(CpuIndexer, DeterministicAcrossRunsBatchmatesAndThreads) {
   fill_random(rng, c);
   for (int64_t t = 0; t < c.T; ++t)
     c.row_req[t] = static_cast<int32_t>(t), c.n[t] = Wt * ibs - int32_t(t);
-  const IndexerOut first = run(c);
+  const IndexerOut first = run_indexer_cpu(c);
   for (int i = 0; i < 20; ++i) {
-    const IndexerOut again = run(c);
+    const IndexerOut again = run_indexer_cpu(c);
     ASSERT_EQ(again.indices, first.indices) << "run " << i;
     ASSERT_EQ(0, std::memcmp(again.scores.data(), first.scores.data(), 4 * first.scores.size()));
   }
@@ -334,13 +311,13 @@ TEST(CpuIndexer, DeterministicAcrossRunsBatchmatesAndThreads) {
   alone.q.assign(c.q.begin() + 3 * c.H * 128, c.q.begin() + 4 * c.H * 128);
   alone.w.assign(c.w.begin() + 3 * c.H, c.w.begin() + 4 * c.H);
   alone.row_req = {3}, alone.n = {c.n[3]};
-  const IndexerOut single = run(alone);
+  const IndexerOut single = run_indexer_cpu(alone);
   EXPECT_TRUE(
       std::equal(single.indices.begin(), single.indices.end(), first.indices.begin() + 3 * c.W));
 #if defined(SPARSEMLA_HAVE_OPENMP)
   const int threads = omp_get_max_threads();
   omp_set_num_threads(1);
-  const IndexerOut one_thread = run(c);
+  const IndexerOut one_thread = run_indexer_cpu(c);
   omp_set_num_threads(threads);
   EXPECT_EQ(one_thread.indices, first.indices);
   EXPECT_EQ(0, std::memcmp(one_thread.scores.data(), first.scores.data(), 4 * first.scores.size()));
@@ -384,7 +361,7 @@ TEST(CpuIndexer, PipelineIndexerBuilderDecodeEqualsTheReferenceTopkPipeline) {
     ic.row_req[t] = static_cast<int32_t>(t);
     ic.n[t] = static_cast<int32_t>(rng.randint(k / 2, Wt * ibs));
   }
-  const IndexerOut o = run(ic);
+  const IndexerOut o = run_indexer_cpu(ic);
   std::vector<int32_t> ref_dense(static_cast<size_t>(T * ic.W), -1);
   for (int64_t t = 0; t < T; ++t) {
     std::vector<RefCandidate> sel = ref_select(ic, t);

@@ -60,6 +60,8 @@ Path g_path = Path::CudaGeneric;
 
 using gpu_support::cuda_ok;
 using gpu_support::device_is_sm90;
+using gpu_support::DeviceBuffer;
+using gpu_support::to_device;
 
 bool fast_aligned(const CacheView& c) {
   return reinterpret_cast<uintptr_t>(c.base) % 16 == 0 && c.block_stride % 16 == 0;
@@ -81,56 +83,6 @@ bool reduced() {
   return s != nullptr && *s != '\0' && std::string(s) != "0";
 }
 
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
-    if (bytes > 0) cuda_ok(cudaMalloc(&ptr_, bytes), "cudaMalloc");
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  DeviceBuffer(DeviceBuffer&& o) noexcept { swap(o); }
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
-    swap(o);
-    return *this;
-  }
-  ~DeviceBuffer() {
-    if (ptr_ != nullptr) cudaFree(ptr_);
-  }
-  template <typename T>
-  T* as(size_t byte_offset = 0) const {
-    return ptr_ == nullptr ? nullptr
-                           : reinterpret_cast<T*>(static_cast<uint8_t*>(ptr_) + byte_offset);
-  }
-  void* get() const { return ptr_; }
-  size_t bytes() const { return bytes_; }
-  void upload(const void* src, size_t bytes, size_t offset = 0) {
-    if (bytes > 0)
-      cuda_ok(cudaMemcpy(as<uint8_t>(offset), src, bytes, cudaMemcpyHostToDevice), "upload");
-  }
-  void download(void* dst, size_t bytes, size_t offset = 0) const {
-    if (bytes > 0)
-      cuda_ok(cudaMemcpy(dst, as<uint8_t>(offset), bytes, cudaMemcpyDeviceToHost), "download");
-  }
-  void fill(int byte) {
-    if (bytes_ > 0) cuda_ok(cudaMemset(ptr_, byte, bytes_), "cudaMemset");
-  }
-
- private:
-  void swap(DeviceBuffer& o) {
-    std::swap(ptr_, o.ptr_);
-    std::swap(bytes_, o.bytes_);
-  }
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-};
-
-template <typename T>
-DeviceBuffer to_device(const std::vector<T>& v, size_t lead_bytes = 0) {
-  DeviceBuffer b(lead_bytes + v.size() * sizeof(T));
-  b.upload(v.data(), v.size() * sizeof(T), lead_bytes);
-  return b;
-}
 template <typename T>
 void from_device(const DeviceBuffer& b, std::vector<T>& v) {
   b.download(v.data(), v.size() * sizeof(T));

@@ -33,79 +33,13 @@ namespace sparsemla::test::gpu_indexer {
 namespace {
 
 using gpu_support::cuda_ok;
+using gpu_support::DeviceBuffer;
+using gpu_support::to_device;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int kGap = 3;                // elements between output rows (poison kept)
 constexpr uint8_t kPoisonByte = 0x5E;  // outputs: 0x5E5E5E5E, a finite float, an odd index
 constexpr uint32_t kPoisonWord = 0x5E5E5E5Eu;
-
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
-    if (bytes > 0) cuda_ok(cudaMalloc(&ptr_, bytes), "cudaMalloc");
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  DeviceBuffer(DeviceBuffer&& o) noexcept { swap(o); }
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
-    swap(o);
-    return *this;
-  }
-  ~DeviceBuffer() {
-    if (ptr_ != nullptr) cudaFree(ptr_);
-  }
-  template <typename T>
-  T* as(size_t byte_offset = 0) const {
-    return ptr_ == nullptr ? nullptr
-                           : reinterpret_cast<T*>(static_cast<uint8_t*>(ptr_) + byte_offset);
-  }
-  size_t bytes() const { return bytes_; }
-  void upload(const void* src, size_t bytes, size_t offset = 0) {
-    if (bytes > 0)
-      cuda_ok(cudaMemcpy(as<uint8_t>(offset), src, bytes, cudaMemcpyHostToDevice), "upload");
-  }
-  void download(void* dst, size_t bytes) const {
-    if (bytes > 0) cuda_ok(cudaMemcpy(dst, ptr_, bytes, cudaMemcpyDeviceToHost), "download");
-  }
-  void fill(int byte) {
-    if (bytes_ > 0) cuda_ok(cudaMemset(ptr_, byte, bytes_), "cudaMemset");
-  }
-
- private:
-  void swap(DeviceBuffer& o) {
-    std::swap(ptr_, o.ptr_);
-    std::swap(bytes_, o.bytes_);
-  }
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-};
-
-template <typename T>
-DeviceBuffer to_device(const std::vector<T>& v) {
-  DeviceBuffer b(v.size() * sizeof(T));
-  b.upload(v.data(), v.size() * sizeof(T));
-  return b;
-}
-
-// Results of one call: indices and scores as dense [T, W] (gaps checked and dropped), lengths [T].
-struct IndexerOut {
-  std::vector<int32_t> indices, lengths;
-  std::vector<float> scores;
-};
-
-// The CPU backend on the host arrays (the oracle of every test here).
-IndexerOut run_cpu(const IndexerCase& c, TopkOrder order, bool scores) {
-  IndexerOut o;
-  o.indices.assign(static_cast<size_t>(c.T * c.W), 0x5EED);
-  o.lengths.assign(static_cast<size_t>(c.T), -7);
-  if (scores) o.scores.assign(static_cast<size_t>(c.T * c.W), 12345.0f);
-  IndexerParams p =
-      c.params(o.indices.data(), o.lengths.data(), scores ? o.scores.data() : nullptr);
-  p.order = order;
-  indexer_topk(p);
-  return o;
-}
 
 // The case's inputs on the device. page_shift > 0 moves every page up by that many page slots
 // (num_blocks grows with it, the table names the moved pages): page offsets past 2^31 bytes.
@@ -255,7 +189,7 @@ void expect_gpu_equals_cpu(const IndexerCase& c, const DeviceIndexerCase& d,
     for (const bool scores : {true, false}) {
       const std::string tag = what + (order == TopkOrder::ByIndex ? " by_index" : " by_score") +
                               (scores ? " +scores" : "");
-      expect_identical(c, run_cpu(c, order, scores), run_gpu(d, order, scores), tag);
+      expect_identical(c, run_indexer_cpu(c, order, scores), run_gpu(d, order, scores), tag);
     }
   }
 }
@@ -341,13 +275,8 @@ TEST(GpuIndexerGeneric, LongRowsOf262144CandidatesB1B4K512K2048) {
       SCOPED_TRACE(what);
       IndexerCase c = make_indexer_case(rng, B, 2, ibs, 1, Wt, k, k + 5);
       fill_exact(rng, c);
-      c.R = B;  // B requests over the same pages, each in its own order
-      c.table.resize(static_cast<size_t>(c.R * c.table_stride));
-      for (int64_t r = 1; r < c.R; ++r) {
-        std::copy_n(c.table.begin(), c.table_stride, c.table.begin() + r * c.table_stride);
-        std::shuffle(c.table.begin() + r * c.table_stride,
-                     c.table.begin() + r * c.table_stride + Wt, rng.engine());
-      }
+      share_pages_across_requests(rng, c,
+                                  B);  // B requests over the same pages, each in its own order
       for (int64_t t = 0; t < c.T; ++t) {
         c.row_req[t] = static_cast<int32_t>(t);
         c.n[t] = t == 0 ? Wt * ibs : static_cast<int32_t>(rng.randint(Wt * ibs / 4, Wt * ibs));
@@ -364,7 +293,7 @@ TEST(GpuIndexerGeneric, LongRowsOf262144CandidatesB1B4K512K2048) {
       }
       const DeviceIndexerCase d(c);
       for (const TopkOrder order : {TopkOrder::ByScore, TopkOrder::ByIndex}) {
-        expect_identical(c, run_cpu(c, order, true), run_gpu(d, order, true), what);
+        expect_identical(c, run_indexer_cpu(c, order, true), run_gpu(d, order, true), what);
       }
     }
   }
@@ -558,7 +487,7 @@ TEST(GpuIndexerGeneric, PageOffsetsBeyond2To31) {
   const int64_t shift = (int64_t{1} << 31) / c.block_stride + 1;
   const DeviceIndexerCase d(c, shift);
   for (const TopkOrder order : {TopkOrder::ByIndex, TopkOrder::ByScore})
-    expect_identical(c, run_cpu(c, order, true), run_gpu(d, order, true), "offset > 2^31");
+    expect_identical(c, run_indexer_cpu(c, order, true), run_gpu(d, order, true), "offset > 2^31");
 }
 
 // ---- determinism, batch invariance, graphs
@@ -577,7 +506,7 @@ TEST(GpuIndexerGeneric, DeterministicOver20RunsAndAcrossBatchAndSplitCountH64) {
     c.row_req[t] = static_cast<int32_t>(t), c.n[t] = Wt * ibs - static_cast<int32_t>(t);
   const DeviceIndexerCase d(c);
   const IndexerOut first = run_gpu(d, TopkOrder::ByScore, true);
-  expect_identical(c, run_cpu(c, TopkOrder::ByScore, true), first, "first run");
+  expect_identical(c, run_indexer_cpu(c, TopkOrder::ByScore, true), first, "first run");
   for (int i = 0; i < 20; ++i) {
     const IndexerOut again = run_gpu(d, TopkOrder::ByScore, true, i % 2 ? 0x00 : 0xA7);
     ASSERT_EQ(again.indices, first.indices) << "run " << i;
@@ -628,13 +557,7 @@ TEST(GpuIndexerGeneric, GraphCaptureReplayWithChangedLengthsEqualsEagerWt4096) {
   const int32_t ibs = 64, Wt = 4096, k = 512;
   IndexerCase c = make_indexer_case(rng, 4, 4, ibs, 1, Wt, k, k);
   fill_exact(rng, c);
-  c.R = 4;
-  c.table.resize(static_cast<size_t>(c.R * c.table_stride));
-  for (int64_t r = 1; r < c.R; ++r) {
-    std::copy_n(c.table.begin(), c.table_stride, c.table.begin() + r * c.table_stride);
-    std::shuffle(c.table.begin() + r * c.table_stride, c.table.begin() + r * c.table_stride + Wt,
-                 rng.engine());
-  }
+  share_pages_across_requests(rng, c, 4);
   for (int64_t t = 0; t < c.T; ++t) c.row_req[t] = static_cast<int32_t>(t), c.n[t] = Wt * ibs;
   DeviceIndexerCase d(c);
   DeviceOut out(c, true);
@@ -671,7 +594,7 @@ TEST(GpuIndexerGeneric, GraphCaptureReplayWithChangedLengthsEqualsEagerWt4096) {
     const IndexerOut replayed = out.download();
     const IndexerOut eager = run_gpu(d, TopkOrder::ByScore, true);
     expect_identical(c, eager, replayed, "replay vs eager");
-    expect_identical(c, run_cpu(c, TopkOrder::ByScore, true), replayed, "replay vs cpu");
+    expect_identical(c, run_indexer_cpu(c, TopkOrder::ByScore, true), replayed, "replay vs cpu");
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);

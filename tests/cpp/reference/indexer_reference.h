@@ -152,6 +152,39 @@ inline void fill_random(Rng& rng, IndexerCase& c) {
   }
 }
 
+// R requests over the same Wt pages: request 0's table row copied to rows 1..R-1, each shuffled
+// into its own page order (long rows that share keys, as MTP-free batches of one prompt do).
+inline void share_pages_across_requests(Rng& rng, IndexerCase& c, int64_t R) {
+  c.R = R;
+  c.table.resize(static_cast<size_t>(c.R * c.table_stride));
+  for (int64_t r = 1; r < c.R; ++r) {
+    const auto row = c.table.begin() + r * c.table_stride;
+    std::copy_n(c.table.begin(), c.table_stride, row);
+    std::shuffle(row, row + c.Wt, rng.engine());
+  }
+}
+
+// One call's outputs: indices and scores dense [T, W], lengths [T].
+struct IndexerOut {
+  std::vector<int32_t> indices, lengths;
+  std::vector<float> scores;
+};
+
+// The CPU backend on the case's host arrays, outputs poisoned first (every element must be
+// written).
+inline IndexerOut run_indexer_cpu(const IndexerCase& c, TopkOrder order = TopkOrder::ByIndex,
+                                  bool scores = true) {
+  IndexerOut o;
+  o.indices.assign(static_cast<size_t>(c.T * c.W), 0x5EED);
+  o.lengths.assign(static_cast<size_t>(c.T), -7);
+  if (scores) o.scores.assign(static_cast<size_t>(c.T * c.W), 12345.0f);
+  IndexerParams p =
+      c.params(o.indices.data(), o.lengths.data(), scores ? o.scores.data() : nullptr);
+  p.order = order;
+  indexer_topk(p);
+  return o;
+}
+
 // One candidate of the reference: local index, float64 score and the 11.7 scale A.
 struct RefCandidate {
   int64_t j;
