@@ -118,10 +118,9 @@ bool indexer_on_gpu(const IndexerParams& p) {
                       path_name(p.path));
   return true;
 }
-}  // namespace
 
-void indexer_topk(const IndexerParams& p, void* workspace, size_t workspace_bytes) {
-  core::validate(p);
+// The selection alone: the CPU backend, or the generic CUDA path with the caller's workspace.
+void indexer_select(const IndexerParams& p, void* workspace, size_t workspace_bytes) {
   const bool gpu = indexer_on_gpu(p);
 #if defined(SPARSEMLA_WITH_CUDA)
   if (gpu) {
@@ -141,6 +140,34 @@ void indexer_topk(const IndexerParams& p, void* workspace, size_t workspace_byte
   (void)workspace;
   (void)workspace_bytes;  // the CPU backend allocates its own scratch (size query: 0)
   cpu::indexer_topk(p);
+}
+
+// The builder call that the fused list of p equals by definition (CONTRACT 11.1).
+TopkListParams fused_list_params(const IndexerParams& p) {
+  TopkListParams b;
+  b.common = {p.num_tokens, p.fused.row_valid, p.path, p.stream};
+  b.topk = p.indices;
+  b.topk_stride = p.indices_stride != 0 ? p.indices_stride : p.width;
+  b.request_index = p.row_request;
+  b.block_table = p.fused.block_table;
+  b.block_table_stride = p.fused.block_table_stride;
+  b.table_width = p.fused.table_width;
+  b.num_requests = p.num_requests;
+  b.block_size = p.fused.block_size;
+  b.out = p.fused.out;
+  if (b.out.width == 0) b.out.width = p.width;  // the dense width unless given
+  return b;
+}
+}  // namespace
+
+// Both parts are validated first, then the selection runs, then (fused) the builder on its dense
+// output, on the same path and stream.
+void indexer_topk(const IndexerParams& p, void* workspace, size_t workspace_bytes) {
+  core::validate(p);
+  const bool fused = p.fused.out.indices != nullptr;
+  if (fused) core::validate(fused_list_params(p));
+  indexer_select(p, workspace, workspace_bytes);
+  if (fused) build_topk_lists(fused_list_params(p));
 }
 
 size_t indexer_workspace_size(const IndexerParams& p) {

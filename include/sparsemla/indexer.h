@@ -16,6 +16,7 @@
 
 #include "sparsemla/backend.h"
 #include "sparsemla/format.h"
+#include "sparsemla/lists.h"
 
 namespace sparsemla {
 
@@ -27,6 +28,19 @@ enum class TopkOrder : int32_t {
 
 inline constexpr int32_t kIndexerHeadDim = 128;   // q and key dims (CONTRACT 2.2, 11.1)
 inline constexpr int32_t kIndexerMaxTopk = 2048;  // k in 1..2048 (CONTRACT 11.4)
+
+// The optional fused ratio-4 list of CONTRACT 11.1: the ragged global list (CONTRACT 4.6) that
+// build_topk_lists makes from the call's dense top-k, written by the same call (on its path and
+// stream, after the selection). Row t is request row_request[t] of the compressed block table
+// below (usually the indexer's own table: vLLM places both caches in the same blocks).
+struct IndexerFusedList {
+  RaggedOut out;                         // indices [T * out.width], indptr [T + 1]; null: not fused
+  const uint8_t* row_valid = nullptr;    // [T] 0: padding row (length 0); null: every row valid
+  const int32_t* block_table = nullptr;  // cbt [R, table_width]
+  int64_t block_table_stride = 0;        // elements (>= table_width)
+  int32_t table_width = 0;
+  int32_t block_size = 0;  // cbs
+};
 
 struct IndexerParams {
   int64_t num_tokens = 0;  // T: query rows
@@ -58,6 +72,7 @@ struct IndexerParams {
   float* scores = nullptr;     // optional [T, W]: score of each selected entry, -inf in the padding
   int64_t scores_stride = 0;   // elements (0: W)
   TopkOrder order = TopkOrder::ByIndex;
+  IndexerFusedList fused;  // optional (fused.out.indices null: only the dense output)
   Path path = Path::Auto;
   void* stream = nullptr;
 };

@@ -161,6 +161,88 @@ TEST(CpuIndexer, PlantedNeedlesAreTheSelection) {
   }
 }
 
+// CONTRACT 11.1's fused mode: the ragged ratio-4 list the call writes equals build_topk_lists run
+// on its dense output, in both orders, with MTP rows of one request, a padding row (row_valid 0,
+// row_request -1), short rows and a compressed table narrower than the indexer's (entries past it
+// become -1); the dense output is the unfused call's. Invalid fused arguments fail before anything
+// is written.
+TEST(CpuIndexer, FusedRaggedListEqualsTheBuilderOnTheDenseOutput) {
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  const int32_t k = 24, ibs = 16, Wt = 8, Wc = Wt - 2;
+  IndexerCase c = make_indexer_case(rng, 6, 8, ibs, 3, Wt, k, k + 3);
+  fill_random(rng, c);
+  const int32_t reqs[6] = {0, 0, 1, 2, -1, 2};
+  for (int64_t t = 0; t < c.T; ++t) {
+    c.row_req[t] = reqs[t];
+    c.n[t] = static_cast<int32_t>(rng.randint(1, Wt * ibs));
+  }
+  c.n[3] = 5;  // fewer candidates than k
+  std::vector<uint8_t> valid(static_cast<size_t>(c.T), 1);
+  valid[4] = 0;
+  std::vector<int32_t> cbt(static_cast<size_t>(c.R * Wc));
+  for (auto& b : cbt) b = static_cast<int32_t>(rng.randint(0, 999));
+  for (const TopkOrder order : {TopkOrder::ByIndex, TopkOrder::ByScore}) {
+    SCOPED_TRACE(order == TopkOrder::ByIndex ? "by_index" : "by_score");
+    IndexerOut o;
+    o.indices.assign(static_cast<size_t>(c.T * c.W), 0x5EED);
+    o.lengths.assign(static_cast<size_t>(c.T), -7);
+    std::vector<int32_t> fused(static_cast<size_t>(c.T * c.W), 777), indptr(c.T + 1, 777);
+    IndexerParams p = c.params(o.indices.data(), o.lengths.data(), nullptr);
+    p.order = order;
+    p.fused.out = {fused.data(), indptr.data(), c.W};
+    p.fused.row_valid = valid.data();
+    p.fused.block_table = cbt.data();
+    p.fused.block_table_stride = Wc;
+    p.fused.table_width = Wc;
+    p.fused.block_size = ibs;
+    indexer_topk(p);
+    EXPECT_EQ(o.indices, run_indexer_cpu(c, order, false).indices);
+
+    std::vector<int32_t> built(fused.size(), 777), built_indptr(indptr.size(), 777);
+    TopkListParams b;
+    b.common = {c.T, valid.data(), Path::Cpu, nullptr};
+    b.topk = o.indices.data();
+    b.topk_stride = c.W;
+    b.request_index = c.row_req.data();
+    b.block_table = cbt.data();
+    b.block_table_stride = Wc;
+    b.table_width = Wc;
+    b.num_requests = c.R;
+    b.block_size = ibs;
+    b.out = {built.data(), built_indptr.data(), c.W};
+    build_topk_lists(b);
+    EXPECT_EQ(indptr, built_indptr);
+    EXPECT_EQ(fused, built);
+    EXPECT_EQ(indptr[5] - indptr[4], 0) << "the padding row has no keys";
+    for (int32_t t : {0, 1, 3}) {  // CONTRACT 4.6's ratio-4 rule, by hand
+      const int32_t r = c.row_req[t];
+      const int32_t* row = o.indices.data() + t * c.W;
+      const auto in_table = [&](int32_t j) { return j >= 0 && j < Wc * ibs; };
+      const int32_t len = static_cast<int32_t>(std::count_if(row, row + c.W, in_table));
+      ASSERT_EQ(indptr[t + 1] - indptr[t], len) << "row " << t;
+      for (int32_t i = 0; i < len; ++i) {
+        const int32_t j = row[i];
+        const int32_t want = in_table(j) ? cbt[r * Wc + j / ibs] * ibs + j % ibs : -1;
+        EXPECT_EQ(fused[indptr[t] + i], want) << "row " << t << " entry " << i;
+      }
+    }
+    EXPECT_GT(
+        std::count_if(fused.begin(), fused.begin() + indptr[c.T], [](int32_t v) { return v >= 0; }),
+        c.T)
+        << "a list of real slots";
+
+    IndexerParams bad = p;
+    bad.fused.out.indptr = nullptr;
+    std::fill(o.indices.begin(), o.indices.end(), 0x5EED);
+    EXPECT_THROW(indexer_topk(bad), Error);
+    EXPECT_TRUE(std::all_of(o.indices.begin(), o.indices.end(), [](int32_t v) {
+      return v == 0x5EED;
+    })) << "a rejected fused call wrote the dense output";
+  }
+}
+
 // 11.7 near-tie rule on random data, MTP groups of two adjacent rows and a non-adjacent pair.
 TEST(CpuIndexer, RandomDataWithinTheNearTieRuleWithMtpRows) {
   const uint64_t seed = fresh_seed();
