@@ -15,9 +15,10 @@
 //   compressed entry i of a request is stored at physical entry i mod P (P = pool entries): every
 //   list entry still names a valid, written row, and the top-k draws distinct rows mod P, so no
 //   row is read twice within a list and the bytes moved are those of the real workload.
-// - The indexer (scores, top-k) is not part of this library: each ratio-4 layer's top-k is drawn
-//   when a request joins (distinct random compressed entries it has completed) and stays fixed
-//   for its lifetime; it is uploaded before the step, like the engine's other step inputs.
+// - The ratio-4 top-k: by default drawn when a request joins (distinct random compressed entries
+//   it has completed) and fixed for its lifetime, uploaded before the step like the engine's other
+//   step inputs; with --topk-source indexer (SimConfig::indexer) every step runs indexer_topk
+//   (CONTRACT 11) inside the step, over synthetic indexer keys in the compressed pages' blocks.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -60,11 +61,13 @@ class Simulation : private SimMemory {
   };
 
   void draw_topk(const SimRequest& r);
+  IndexerParams indexer_params(const Layer& l) const;
   void stage_step();
   DecodeParams decode_params(const Layer& l, const SimPath& path) const;
   void plan_paths();
   void enqueue_step(const PathPlan& plan);
   SimCheck verify(const Layer& l, const PathPlan& plan, int64_t step);
+  SimIndexerCheck verify_indexer(const Layer& l, const PathPlan& plan, int64_t step);
 
   RequestTrace trace_;
   std::vector<PathPlan> plans_;
@@ -92,8 +95,9 @@ void Simulation::stage_step() {
   const auto& live = trace_.live();
   const int64_t B = g_.batch;
   const Meta& m = meta_stage_;
+  const bool drawn = g_.n_c4 && !g_.indexer;  // lists drawn on the host, not by the indexer
   for (const auto& r : live)
-    if (r.fresh && g_.n_c4) draw_topk(r);
+    if (r.fresh && drawn) draw_topk(r);
   auto slot = [](const std::vector<int32_t>& table, int64_t width, int32_t row, int64_t entry,
                  int32_t bs) -> int64_t {
     return int64_t{table[row * width + entry / bs]} * bs + entry % bs;
@@ -103,6 +107,8 @@ void Simulation::stage_step() {
       m.positions[i] = 0;
       m.request_index[i] = 0;
       m.row_valid[i] = 0;
+      m.row_request[i] = -1;
+      m.num_candidates[i] = 0;
       m.window_slots[i] = m.state_slots4[i] = m.out_slots4[i] = -1;
       m.state_slots128[i] = m.out_slots128[i] = -1;
       continue;
@@ -113,6 +119,8 @@ void Simulation::stage_step() {
     m.positions[i] = pos;
     m.request_index[i] = row;
     m.row_valid[i] = 1;
+    m.row_request[i] = row;
+    m.num_candidates[i] = static_cast<int32_t>((pos + 1) / 4);  // CONTRACT 11.1
     m.window_slots[i] = slot(window_table_, g_.window_table_width, row, pos, kWindowPage);
     m.state_slots4[i] = m.out_slots4[i] = m.state_slots128[i] = m.out_slots128[i] = -1;
     if (g_.n_c4) {
@@ -127,7 +135,7 @@ void Simulation::stage_step() {
     }
   }
   be_.upload_async(meta_dev_block_, meta_stage_block_, meta_bytes_);
-  if (g_.n_c4 && trace_.changed()) {  // rows moved or joined: restage every layer's top-k
+  if (drawn && trace_.changed()) {  // rows moved or joined: restage every layer's top-k
     const int64_t K = g_.topk;
     for (int32_t c = 0; c < g_.n_c4; ++c) {
       int32_t* dst = topk_stage_ + static_cast<int64_t>(c) * B * K;
@@ -139,6 +147,31 @@ void Simulation::stage_step() {
     }
     be_.upload_async(topk_dev_, topk_stage_, static_cast<size_t>(g_.n_c4 * B * K) * 4);
   }
+}
+
+// The indexer call of a ratio-4 layer (--topk-source indexer): its 64-head queries against the
+// layer's indexer cache through the ratio-4 block table, the top-k into the layer's dense buffer
+// that the ratio-4 builder reads. On the generic CUDA path whatever the decode path (the Hopper
+// indexer path is not built).
+IndexerParams Simulation::indexer_params(const Layer& l) const {
+  IndexerParams p;
+  p.num_tokens = g_.batch;
+  p.num_heads = kIndexerHeads;
+  p.q = l.iq;
+  p.w = l.iw;
+  p.cache = l.icache;
+  p.block_table = c4_table_dev_;
+  p.block_table_stride = g_.c4_logical_pages;
+  p.block_table_width = static_cast<int32_t>(g_.c4_logical_pages);
+  p.num_requests = g_.batch;
+  p.row_request = meta_dev_.row_request;
+  p.num_candidates = meta_dev_.num_candidates;
+  p.topk = g_.topk;
+  p.indices = l.topk;
+  p.width = g_.topk;
+  p.path = ops_path();
+  p.stream = be_.stream();
+  return p;
 }
 
 DecodeParams Simulation::decode_params(const Layer& l, const SimPath& path) const {
@@ -198,6 +231,14 @@ void Simulation::plan_paths() {
   }
   workspace_bytes_ = ws;
   workspace_ = ws > 0 ? be_.alloc(ws) : nullptr;
+  if (g_.indexer) {  // the same shapes in every ratio-4 layer
+    for (const Layer& l : layers_) {
+      if (l.ratio != 4) continue;
+      indexer_workspace_bytes_ = indexer_workspace_size(indexer_params(l));
+      break;
+    }
+    if (indexer_workspace_bytes_ > 0) indexer_workspace_ = be_.alloc(indexer_workspace_bytes_);
+  }
 }
 
 void Simulation::enqueue_step(const PathPlan& plan) {
@@ -288,6 +329,9 @@ void Simulation::enqueue_step(const PathPlan& plan) {
       c.path = ops;
       c.stream = stream;
       compress(c);
+    }
+    if (l.ratio == 4 && g_.indexer) {
+      indexer_topk(indexer_params(l), indexer_workspace_, indexer_workspace_bytes_);
     }
     if (l.ratio == 4) {
       TopkListParams tl;
@@ -398,6 +442,75 @@ SimCheck Simulation::verify(const Layer& l, const PathPlan& plan, int64_t step) 
   return c;
 }
 
+// The device's indexer selection of the first rows against the CPU indexer on host copies of its
+// inputs: the queries, weights, candidate counts and only the indexer pages those rows can read
+// (remapped onto a compact host cache, as host_slice does for the decode).
+SimIndexerCheck Simulation::verify_indexer(const Layer& l, const PathPlan& plan, int64_t step) {
+  const int64_t T = std::min(cfg_.verify_rows, g_.batch), K = g_.topk;
+  const int64_t Wt = g_.c4_logical_pages, stride = l.icache.block_stride;
+  const int32_t ibs = l.icache.block_size;
+  std::vector<int32_t> got(static_cast<size_t>(T * K)), rreq(static_cast<size_t>(T)),
+      n(static_cast<size_t>(T));
+  std::vector<uint8_t> q(static_cast<size_t>(T * kIndexerHeads * kIndexerHeadDim));
+  std::vector<float> w(static_cast<size_t>(T * kIndexerHeads));
+  be_.download(got.data(), l.topk, got.size() * 4);
+  be_.download(rreq.data(), meta_dev_.row_request, rreq.size() * 4);
+  be_.download(n.data(), meta_dev_.num_candidates, n.size() * 4);
+  be_.download(q.data(), l.iq, q.size());
+  be_.download(w.data(), l.iw, w.size() * 4);
+  std::vector<int32_t> table(static_cast<size_t>(T * Wt), -1), host_req(static_cast<size_t>(T));
+  std::unordered_map<int64_t, int32_t> compact;
+  std::vector<uint8_t> pages;
+  for (int64_t t = 0; t < T; ++t) {
+    host_req[t] = rreq[t] >= 0 ? static_cast<int32_t>(t) : -1;
+    if (rreq[t] < 0) continue;
+    const int64_t used = std::min<int64_t>(ceil_div(std::max(n[t], 0), ibs), Wt);
+    for (int64_t j = 0; j < used; ++j) {
+      const int64_t phys = c4_table_[rreq[t] * Wt + j];
+      auto [it, fresh] = compact.emplace(phys, static_cast<int32_t>(compact.size()));
+      if (fresh) {
+        pages.resize(pages.size() + static_cast<size_t>(stride));
+        be_.download(pages.data() + pages.size() - stride, l.icache.base + phys * stride,
+                     static_cast<size_t>(stride));
+      }
+      table[t * Wt + j] = it->second;
+    }
+  }
+  std::vector<int32_t> want(got.size(), 0);
+  IndexerParams p;
+  p.num_tokens = T;
+  p.num_heads = kIndexerHeads;
+  p.q = q.data();
+  p.w = w.data();
+  p.cache = {pages.empty() ? nullptr : pages.data(), static_cast<int64_t>(compact.size()), ibs,
+             stride, l.icache.layout};
+  if (pages.empty()) {  // no row reads a page: any one-page cache
+    pages.assign(static_cast<size_t>(stride), 0);
+    p.cache = {pages.data(), 1, ibs, stride, l.icache.layout};
+  }
+  p.block_table = table.data();
+  p.block_table_stride = Wt;
+  p.block_table_width = static_cast<int32_t>(Wt);
+  p.num_requests = T;
+  p.row_request = host_req.data();
+  p.num_candidates = n.data();
+  p.topk = static_cast<int32_t>(K);
+  p.indices = want.data();
+  p.width = static_cast<int32_t>(K);
+  p.path = Path::Cpu;
+  indexer_topk(p);
+  SimIndexerCheck c;
+  c.path = plan.path.name;
+  c.layer = l.id;
+  c.step = step;
+  c.rows = T;
+  for (int64_t t = 0; t < T; ++t) {
+    c.mismatched_rows +=
+        !std::equal(got.begin() + t * K, got.begin() + (t + 1) * K, want.begin() + t * K);
+  }
+  return c;
+}
+
 SimResult Simulation::run() {
   const auto t0 = std::chrono::steady_clock::now();
   result_.batch = cfg_.batch;
@@ -449,8 +562,12 @@ SimResult Simulation::run() {
       std::snprintf(buf, sizeof(buf), " %s %.3f ms", plan.path.name.c_str(), s * 1e3);
       line += buf;
       if (!check) continue;
-      for (const Layer& l : layers_)
-        if (l.verified) result_.checks.push_back(verify(l, plan, step));
+      for (const Layer& l : layers_) {
+        if (!l.verified) continue;
+        result_.checks.push_back(verify(l, plan, step));
+        if (l.ratio == 4 && g_.indexer)
+          result_.indexer_checks.push_back(verify_indexer(l, plan, step));
+      }
     }
     if ((step + 1) % every == 0 || step + 1 == total)
       report("B=" + std::to_string(g_.batch) + " step " + std::to_string(step + 1) + "/" +
@@ -527,7 +644,9 @@ class CpuSimBackend : public SimBackend {
 
 bool SimResult::verified_ok() const {
   return std::all_of(checks.begin(), checks.end(),
-                     [](const SimCheck& c) { return c.result.passed; });
+                     [](const SimCheck& c) { return c.result.passed; }) &&
+         std::all_of(indexer_checks.begin(), indexer_checks.end(),
+                     [](const SimIndexerCheck& c) { return c.mismatched_rows == 0; });
 }
 
 SimResult run_serve_sim(const SimConfig& cfg, SimBackend& backend) {

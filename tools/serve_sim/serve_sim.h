@@ -1,5 +1,5 @@
-// tools/serve_sim/serve_sim.h: `sparsemla serve-sim`, the attention part of whole DeepSeek-V4 decode steps
-// replayed the way an engine runs them (docs/SERVE-SIM.md).
+// tools/serve_sim/serve_sim.h: `sparsemla serve-sim`, the attention part of whole DeepSeek-V4
+// decode steps replayed the way an engine runs them (docs/SERVE-SIM.md).
 //
 // One simulation = one model slice, one captured batch size and a list of paths. Every selected
 // layer has its own caches (window cache; compressed cache and compressor state for ratio-4 and
@@ -148,6 +148,10 @@ struct SimConfig {
   std::vector<int32_t> verify_layers;  // ids among `layers`
   int64_t verify_rows = 8;             // first rows of the batch checked against the reference
   double memory_budget = 0.0;          // bytes; 0: the backend's default
+  // Ratio-4 top-k from the lightning indexer (CONTRACT 11: indexer_topk every step inside the
+  // step's graph, over synthetic indexer keys and queries) instead of lists drawn at random when a
+  // request joins.
+  bool indexer = false;
   uint64_t seed = 1;
   std::function<void(const std::string&)> progress;  // may be empty
 };
@@ -171,10 +175,22 @@ struct SimCheck {
   VerifyResult result;
 };
 
+// --topk-source indexer: the step's ratio-4 top-k of the first rows against the CPU indexer run on
+// host copies of the same inputs (the generic CUDA indexer is bit-identical to it,
+// docs/INDEXER.md).
+struct SimIndexerCheck {
+  std::string path;
+  int32_t layer = 0;
+  int64_t step = 0;
+  int64_t rows = 0;
+  int64_t mismatched_rows = 0;  // rows whose selection differs
+};
+
 struct SimResult {
   int64_t batch = 0;
   std::vector<SimPathResult> paths;
   std::vector<SimCheck> checks;
+  std::vector<SimIndexerCheck> indexer_checks;
   std::vector<std::string> simulated;  // what was allocated and aliased, one line each
   double device_bytes = 0.0;
   int64_t c4_pool_entries = 0;     // physical compressed entries per request, ratio 4

@@ -17,6 +17,7 @@ void SimMemory::plan_memory() {
   g_.batch = cfg_.batch;
   g_.heads = cfg_.heads;
   g_.topk = cfg_.model.topk;
+  g_.indexer = cfg_.indexer;
   g_.max_len = cfg_.mix.max_model_len();
   for (int32_t id : cfg_.layers) {
     const int32_t r = cfg_.model.schedule[id];
@@ -147,6 +148,44 @@ void SimMemory::fill_floats(float* dst, int64_t n, float scale) {
   }
 }
 
+// Random finite e4m3 bytes (the NaN codes 0x7F / 0xFF moved to their neighbours).
+void SimMemory::fill_e4m3(uint8_t* dst, int64_t n) {
+  const int64_t chunk = std::min<int64_t>(n, int64_t{1} << 22);
+  std::vector<uint8_t> tmpl(static_cast<size_t>(chunk));
+  for (auto& b : tmpl) {
+    b = static_cast<uint8_t>(rng_.below(256));
+    if ((b & 0x7F) == 0x7F) b ^= 1;
+  }
+  for (int64_t at = 0; at < n; at += chunk) {
+    const int64_t len = std::min(chunk, n - at);
+    be_.upload(dst + at, tmpl.data(), static_cast<size_t>(len));
+  }
+}
+
+// Synthetic indexer keys (CONTRACT 2.2 NORMAL pages): random finite e4m3 values and power-of-two
+// scales in [2^-8, 2^-4], a template of up to 256 pages repeated over the cache (their values
+// change no cost of the scoring, which reads every candidate's 132 bytes).
+void SimMemory::fill_indexer_cache(const IndexerCacheView& c) {
+  const int64_t stride = c.block_stride, pages = std::min<int64_t>(c.num_blocks, 256);
+  std::vector<uint8_t> tmpl(static_cast<size_t>(pages * stride));
+  for (int64_t p = 0; p < pages; ++p) {
+    uint8_t* page = tmpl.data() + p * stride;
+    for (int64_t i = 0; i < int64_t{c.block_size} * kIndexerHeadDim; ++i) {
+      uint8_t b = static_cast<uint8_t>(rng_.below(256));
+      if ((b & 0x7F) == 0x7F) b ^= 1;
+      page[i] = b;
+    }
+    for (int32_t e = 0; e < c.block_size; ++e) {
+      const float s = std::ldexp(1.0f, -4 - static_cast<int>(rng_.below(5)));
+      std::memcpy(page + int64_t{c.block_size} * kIndexerHeadDim + 4 * e, &s, 4);
+    }
+  }
+  for (int64_t at = 0; at < c.num_blocks; at += pages) {
+    const int64_t n = std::min(pages, c.num_blocks - at);
+    be_.upload(c.base + at * stride, tmpl.data(), static_cast<size_t>(n * stride));
+  }
+}
+
 void SimMemory::allocate() {
   const int64_t B = g_.batch, H = g_.heads;
   size_t bytes = 0;
@@ -232,6 +271,18 @@ void SimMemory::allocate() {
       l.topk = topk_dev_ + static_cast<int64_t>(l.c4_index) * B * g_.topk;
       l.extra_indices = alloc<int32_t>(B * g_.topk);
       l.extra_indptr = alloc<int32_t>(B + 1);
+      if (g_.indexer) {
+        l.icache.num_blocks = B * g_.c4_pool_pages;
+        l.icache.block_size = kC4Page;
+        l.icache.block_stride = indexer_page_stride();
+        l.icache.base = alloc<uint8_t>(l.icache.num_blocks * l.icache.block_stride);
+        l.icache.layout = IndexerLayout::Normal;
+        fill_indexer_cache(l.icache);
+        l.iq = alloc<uint8_t>(B * kIndexerHeads * kIndexerHeadDim);
+        fill_e4m3(l.iq, B * kIndexerHeads * kIndexerHeadDim);
+        l.iw = alloc<float>(B * kIndexerHeads);
+        fill_floats(l.iw, B * kIndexerHeads, 1.0f / 64.0f);
+      }
     }
     layers_.push_back(l);
   }

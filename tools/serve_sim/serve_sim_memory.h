@@ -23,8 +23,14 @@ constexpr int32_t kWindowPage = 64;  // vLLM's window pages
 // Pages of the window ring per request: positions pos-127..pos span at most 3 pages of 64, which
 // are then distinct mod 3.
 constexpr int32_t kWindowRing = 3;
-constexpr int32_t kC4Page = 64;     // compressed entries per page, ratio 4
-constexpr int32_t kC128Page = 2;    // ratio 128
+constexpr int32_t kC4Page = 64;        // compressed entries per page, ratio 4
+constexpr int32_t kC128Page = 2;       // ratio 128
+constexpr int32_t kIndexerHeads = 64;  // DSV4's indexer heads (replicated under TP, CONTRACT 11.1)
+// Indexer cache page of kC4Page entries (CONTRACT 2.2: 128 e4m3 bytes + an fp32 scale each), in the
+// same blocks as the compressed pages (vLLM), so the ratio-4 block table serves both.
+inline int64_t indexer_page_stride() {
+  return int64_t{kC4Page} * (kIndexerHeadDim + 4);
+}
 constexpr int32_t kStatePage4 = 4;  // vLLM's compressor state block sizes
 constexpr int32_t kStatePage128 = 8;
 constexpr int32_t kStateRing4 = 4;     // rows pos-7..pos: at most 3 blocks of 4
@@ -69,6 +75,8 @@ struct Meta {
   int64_t* out_slots128 = nullptr;    // [B]
   int32_t* request_index = nullptr;   // [B] block-table row of each query row
   uint8_t* row_valid = nullptr;       // [B] 0: padding row beyond the live batch
+  int32_t* row_request = nullptr;     // [B] indexer: request_index, -1 on padding rows
+  int32_t* num_candidates = nullptr;  // [B] indexer: (pos + 1) / 4 entries written (0: padding)
 };
 
 inline Meta carve_meta(uint8_t* base, int64_t batch, size_t* bytes) {
@@ -88,6 +96,8 @@ inline Meta carve_meta(uint8_t* base, int64_t batch, size_t* bytes) {
   m.out_slots128 = reinterpret_cast<int64_t*>(take(b * 8));
   m.request_index = reinterpret_cast<int32_t*>(take(b * 4));
   m.row_valid = take(b);
+  m.row_request = reinterpret_cast<int32_t*>(take(b * 4));
+  m.num_candidates = reinterpret_cast<int32_t*>(take(b * 4));
   *bytes = off;
   return m;
 }
@@ -99,7 +109,8 @@ struct Geometry {
   int32_t topk = 0;
   int64_t max_len = 0;  // max_model_len: RoPE rows and table widths
   int32_t n_swa = 0, n_c4 = 0, n_c128 = 0;
-  int32_t n_out = 1;  // output buffers: one shared + one per verified layer
+  int32_t n_out = 1;     // output buffers: one shared + one per verified layer
+  bool indexer = false;  // ratio-4 layers also keep indexer caches, queries and weights
   int64_t window_table_width = 0;
   int64_t c4_logical_pages = 0, c4_pool_pages = 0;
   int64_t c128_width = 0, c128_logical_pages = 0, c128_pool_pages = 0;
@@ -114,7 +125,8 @@ struct Geometry {
     return std::min(kFillChunk, most);
   }
   double c4_pool_bytes(int64_t pages) const {
-    return double(n_c4) * batch * pages * page_stride(kC4Page);
+    const double page = double(page_stride(kC4Page)) + (indexer ? indexer_page_stride() : 0);
+    return double(n_c4) * batch * pages * page;
   }
   double c128_pool_bytes(int64_t pages) const {
     return double(n_c128) * batch * pages * page_stride(kC128Page);
@@ -124,6 +136,7 @@ struct Geometry {
     const double B = double(batch), qo = B * heads * 512 * 2;
     double b = layers() * (B * kWindowRing * page_stride(kWindowPage) + qo + heads * 4.0);
     b += n_c4 * (B * kStateRing4 * kStatePage4 * 2 * state_width(4) * 4.0 + B * topk * 8.0);
+    if (indexer) b += n_c4 * B * kIndexerHeads * (kIndexerHeadDim + 4.0);  // queries, weights
     b += n_c128 * (B * kStateRing128 * kStatePage128 * 2 * state_width(128) * 4.0);
     b += n_out * qo;
     b += B * 4.0 *
@@ -192,6 +205,9 @@ class SimMemory {
     float* sink = nullptr;   // [H]
     bf16_bits* out = nullptr;
     int32_t* topk = nullptr;           // [B, topk] indexer output (ratio 4)
+    IndexerCacheView icache;           // --topk-source indexer: the layer's indexer cache
+    uint8_t* iq = nullptr;             // [B, 64, 128] e4m3 indexer queries
+    float* iw = nullptr;               // [B, 64] head weights
     int32_t* extra_indices = nullptr;  // graph buffers of its top-k list (ratio 4)
     int32_t* extra_indptr = nullptr;
   };
@@ -227,6 +243,8 @@ class SimMemory {
   void fill_cache(const MutableCacheView& c, const RopeTable& rope, const bf16_bits* tmpl,
                   int64_t chunk, int64_t* pos_dev, int64_t* slot_dev);
   void fill_floats(float* dst, int64_t n, float scale);
+  void fill_e4m3(uint8_t* dst, int64_t n);  // random finite e4m3 bytes
+  void fill_indexer_cache(const IndexerCacheView& c);
   std::vector<bf16_bits> random_latents(int64_t n);  // CONTRACT 9.9 magnitudes, [n, 512]
 
   const SimConfig& cfg_;
@@ -268,6 +286,8 @@ class SimMemory {
 
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
+  void* indexer_workspace_ = nullptr;  // indexer_workspace_size of the ratio-4 layers' call
+  size_t indexer_workspace_bytes_ = 0;
 };
 
 }  // namespace sparsemla::tools::serve_sim_detail
