@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_support.h"
 #include "reference/decode_fixture.h"
 #include "reference/random.h"
 #include "reference/reliability_fixture.h"
@@ -53,63 +54,26 @@ using reliability::count_value_differences;
 using reliability::Poison;
 using reliability::RowPool;
 
-// ---- CUDA plumbing
+// ---- CUDA plumbing (gpu_support.h)
 // -------------------------------------------------------------------------------
-void cuda_ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
+using gpu_support::cuda_ok;
+using Device = gpu_support::DeviceBuffer;
 
 bool reduced() {  // SPARSEMLA_GPU_TEST_REDUCED=1: fewer shapes (compute-sanitizer runs)
   const char* s = std::getenv("SPARSEMLA_GPU_TEST_REDUCED");
   return s != nullptr && *s != '\0' && std::string(s) != "0";
 }
 
-class Device {
- public:
-  Device() = default;
-  explicit Device(size_t bytes) : bytes_(bytes) {
-    if (bytes > 0) cuda_ok(cudaMalloc(&ptr_, bytes), "cudaMalloc");
-  }
-  Device(const Device&) = delete;
-  Device& operator=(const Device&) = delete;
-  Device(Device&& o) noexcept { std::swap(ptr_, o.ptr_), std::swap(bytes_, o.bytes_); }
-  Device& operator=(Device&& o) noexcept {
-    std::swap(ptr_, o.ptr_), std::swap(bytes_, o.bytes_);
-    return *this;
-  }
-  ~Device() {
-    if (ptr_ != nullptr) cudaFree(ptr_);
-  }
-  template <typename T>
-  T* as(size_t offset = 0) const {
-    return ptr_ == nullptr ? nullptr : reinterpret_cast<T*>(static_cast<uint8_t*>(ptr_) + offset);
-  }
-  size_t bytes() const { return bytes_; }
-  void put(const void* src, size_t n, size_t offset = 0) {
-    if (n > 0) cuda_ok(cudaMemcpy(as<uint8_t>(offset), src, n, cudaMemcpyHostToDevice), "upload");
-  }
-  void get(void* dst, size_t n, size_t offset = 0) const {
-    if (n > 0) cuda_ok(cudaMemcpy(dst, as<uint8_t>(offset), n, cudaMemcpyDeviceToHost), "download");
-  }
-  void fill(int byte) {
-    if (bytes_ > 0) cuda_ok(cudaMemset(ptr_, byte, bytes_), "cudaMemset");
-  }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-};
-
 template <typename T>
 Device upload(const std::vector<T>& v) {
   Device d(std::max<size_t>(v.size(), 1) * sizeof(T));
-  d.put(v.data(), v.size() * sizeof(T));
+  d.upload(v.data(), v.size() * sizeof(T));
   return d;
 }
 template <typename T>
 std::vector<T> download(const Device& d, size_t n) {
   std::vector<T> v(n);
-  d.get(v.data(), n * sizeof(T));
+  d.download(v.data(), n * sizeof(T));
   return v;
 }
 
@@ -181,9 +145,9 @@ struct DevicePool {
   explicit DevicePool(const RowPool& pool) {
     const CacheView m = pool.main->view(), x = pool.extra->view();
     main = Device(static_cast<size_t>(m.num_blocks * m.block_stride));
-    main.put(m.base, main.bytes());
+    main.upload(m.base, main.bytes());
     extra = Device(static_cast<size_t>(x.num_blocks * x.block_stride));
-    extra.put(x.base, extra.bytes());
+    extra.upload(x.base, extra.bytes());
     sink = upload(pool.sink);
   }
 };
@@ -322,8 +286,8 @@ TEST(GpuReliability, DeterministicModeCost) {
              dx(extra.view().num_blocks * extra.view().block_stride), dmi = upload(ml.indices),
              dmp = upload(ml.indptr), dxi = upload(xl.indices), dxp = upload(xl.indptr),
              out(T * sh.H * 512 * 2);
-      dm.put(main.view().base, dm.bytes());
-      dx.put(extra.view().base, dx.bytes());
+      dm.upload(main.view().base, dm.bytes());
+      dx.upload(extra.view().base, dx.bytes());
       DecodeParams p;
       p.num_tokens = T;
       p.num_heads = sh.H;
@@ -411,8 +375,8 @@ TEST(GpuReliability, CachesBeyond4GiBUse64BitOffsetsEndToEnd) {
   const auto put_pages = [](Device& dev, const TestCache& cache, const Geometry& g) {
     const CacheView v = cache.view();
     for (size_t k = 0; k < g.used.size(); ++k) {
-      dev.put(v.base + k * v.block_stride, static_cast<size_t>(v.block_stride),
-              static_cast<size_t>(g.used[k] * g.stride));
+      dev.upload(v.base + k * v.block_stride, static_cast<size_t>(v.block_stride),
+                 static_cast<size_t>(g.used[k] * g.stride));
     }
   };
   put_pages(big_main, *c.main, gm);
@@ -465,8 +429,8 @@ TEST(GpuReliability, CachesBeyond4GiBUse64BitOffsetsEndToEnd) {
     const int64_t off = gm.used[compact_slots[i] / gm.bs] * gm.stride;
     const int64_t row = compact_slots[i] % gm.bs;
     std::vector<uint8_t> data(576), codes(8);
-    big_main.get(data.data(), 576, static_cast<size_t>(off + row * 576));
-    big_main.get(codes.data(), 8, static_cast<size_t>(off + int64_t{gm.bs} * 576 + row * 8));
+    big_main.download(data.data(), 576, static_cast<size_t>(off + row * 576));
+    big_main.download(codes.data(), 8, static_cast<size_t>(off + int64_t{gm.bs} * 576 + row * 8));
     const uint8_t* want = c.main->data_row(compact_slots[i]);
     EXPECT_EQ(std::memcmp(data.data(), want, 576), 0) << "token " << i;
     EXPECT_EQ(std::memcmp(codes.data(), c.main->code_row(compact_slots[i]), 8), 0) << "token " << i;
@@ -617,8 +581,8 @@ TEST(GpuReliability, Ratio128FullContextBatch1And64) {
     Device dq = upload(c.q), dsink = upload(c.sink),
            dm(static_cast<size_t>(c.main->view().num_blocks * c.main->view().block_stride)),
            dx(static_cast<size_t>(c.extra->view().num_blocks * c.extra->view().block_stride));
-    dm.put(c.main->view().base, dm.bytes());
-    dx.put(c.extra->view().base, dx.bytes());
+    dm.upload(c.main->view().base, dm.bytes());
+    dx.upload(c.extra->view().base, dx.bytes());
     DecodeParams p = c.params(nullptr, nullptr);
     p.q = dq.as<bf16_bits>();
     p.main_cache.base = dm.as<uint8_t>();
@@ -716,7 +680,7 @@ struct ProvenanceProblem {
            dm(static_cast<size_t>(main->view().num_blocks * main->view().block_stride)),
            dx = upload(cache), dmi = upload(main_list.indices), dmp = upload(main_list.indptr),
            dxi = upload(extra_list.indices), dxp = upload(extra_list.indptr), ds = upload(sink);
-    dm.put(main->view().base, dm.bytes());
+    dm.upload(main->view().base, dm.bytes());
     DecodeParams p = host_params(cache);
     p.q = dq.as<bf16_bits>();
     p.main_cache.base = dm.as<uint8_t>();
