@@ -71,7 +71,8 @@ void SimMemory::plan_memory() {
                 " entries per request and layer" +
                 (aliased ? " (aliased: entry i at i mod pool of up to " +
                                std::to_string(result_.c4_logical_entries) +
-                               "; top-k rows stay distinct)"
+                               (g_.indexer ? "; the indexer's top-k may name a row twice)"
+                                           : "; top-k rows stay distinct)")
                          : " (every reachable entry)") +
                 ", top-k " + std::to_string(g_.topk));
   }
