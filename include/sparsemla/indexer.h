@@ -32,7 +32,10 @@ inline constexpr int32_t kIndexerMaxTopk = 2048;  // k in 1..2048 (CONTRACT 11.4
 // The optional fused ratio-4 list of CONTRACT 11.1: the ragged global list (CONTRACT 4.6) that
 // build_topk_lists makes from the call's dense top-k, written by the same call (on its path and
 // stream, after the selection). Row t is request row_request[t] of the compressed block table
-// below (usually the indexer's own table: vLLM places both caches in the same blocks).
+// below (usually the indexer's own table: vLLM places both caches in the same blocks). The
+// builder's precondition holds: a row with row_valid != 0 names a request in [0, R). Shapes and
+// pointers of both parts are checked before anything is written; on the CPU a valid row naming
+// no request fails after the dense output was written, before the list is.
 struct IndexerFusedList {
   RaggedOut out;                         // indices [T * out.width], indptr [T + 1]; null: not fused
   const uint8_t* row_valid = nullptr;    // [T] 0: padding row (length 0); null: every row valid

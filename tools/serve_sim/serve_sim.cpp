@@ -108,7 +108,6 @@ void Simulation::stage_step() {
       m.request_index[i] = 0;
       m.row_valid[i] = 0;
       m.row_request[i] = -1;
-      m.num_candidates[i] = 0;
       m.window_slots[i] = m.state_slots4[i] = m.out_slots4[i] = -1;
       m.state_slots128[i] = m.out_slots128[i] = -1;
       continue;
@@ -120,7 +119,6 @@ void Simulation::stage_step() {
     m.request_index[i] = row;
     m.row_valid[i] = 1;
     m.row_request[i] = row;
-    m.num_candidates[i] = static_cast<int32_t>((pos + 1) / 4);  // CONTRACT 11.1
     m.window_slots[i] = slot(window_table_, g_.window_table_width, row, pos, kWindowPage);
     m.state_slots4[i] = m.out_slots4[i] = m.state_slots128[i] = m.out_slots128[i] = -1;
     if (g_.n_c4) {
@@ -134,6 +132,8 @@ void Simulation::stage_step() {
         m.out_slots128[i] = slot(c128_table_, g_.c128_logical_pages, row, pos / 128, kC128Page);
     }
   }
+  // n_t of CONTRACT 11.1 from the positions (padding rows sit at position 0: no candidates).
+  if (g_.indexer) indexer_candidates_from_positions(m.positions, B, m.num_candidates);
   be_.upload_async(meta_dev_block_, meta_stage_block_, meta_bytes_);
   if (drawn && trace_.changed()) {  // rows moved or joined: restage every layer's top-k
     const int64_t K = g_.topk;
@@ -482,12 +482,9 @@ SimIndexerCheck Simulation::verify_indexer(const Layer& l, const PathPlan& plan,
   p.num_heads = kIndexerHeads;
   p.q = q.data();
   p.w = w.data();
-  p.cache = {pages.empty() ? nullptr : pages.data(), static_cast<int64_t>(compact.size()), ibs,
-             stride, l.icache.layout};
-  if (pages.empty()) {  // no row reads a page: any one-page cache
-    pages.assign(static_cast<size_t>(stride), 0);
-    p.cache = {pages.data(), 1, ibs, stride, l.icache.layout};
-  }
+  if (pages.empty()) pages.assign(static_cast<size_t>(stride), 0);  // no row reads a page
+  p.cache = {pages.data(), static_cast<int64_t>(pages.size()) / stride, ibs, stride,
+             l.icache.layout};
   p.block_table = table.data();
   p.block_table_stride = Wt;
   p.block_table_width = static_cast<int32_t>(Wt);

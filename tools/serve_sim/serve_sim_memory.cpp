@@ -149,14 +149,11 @@ void SimMemory::fill_floats(float* dst, int64_t n, float scale) {
   }
 }
 
-// Random finite e4m3 bytes (the NaN codes 0x7F / 0xFF moved to their neighbours).
+// Random finite e4m3 bytes.
 void SimMemory::fill_e4m3(uint8_t* dst, int64_t n) {
   const int64_t chunk = std::min<int64_t>(n, int64_t{1} << 22);
   std::vector<uint8_t> tmpl(static_cast<size_t>(chunk));
-  for (auto& b : tmpl) {
-    b = static_cast<uint8_t>(rng_.below(256));
-    if ((b & 0x7F) == 0x7F) b ^= 1;
-  }
+  for (auto& b : tmpl) b = random_finite_e4m3(rng_);
   for (int64_t at = 0; at < n; at += chunk) {
     const int64_t len = std::min(chunk, n - at);
     be_.upload(dst + at, tmpl.data(), static_cast<size_t>(len));
@@ -171,11 +168,8 @@ void SimMemory::fill_indexer_cache(const IndexerCacheView& c) {
   std::vector<uint8_t> tmpl(static_cast<size_t>(pages * stride));
   for (int64_t p = 0; p < pages; ++p) {
     uint8_t* page = tmpl.data() + p * stride;
-    for (int64_t i = 0; i < int64_t{c.block_size} * kIndexerHeadDim; ++i) {
-      uint8_t b = static_cast<uint8_t>(rng_.below(256));
-      if ((b & 0x7F) == 0x7F) b ^= 1;
-      page[i] = b;
-    }
+    for (int64_t i = 0; i < int64_t{c.block_size} * kIndexerHeadDim; ++i)
+      page[i] = random_finite_e4m3(rng_);
     for (int32_t e = 0; e < c.block_size; ++e) {
       const float s = std::ldexp(1.0f, -4 - static_cast<int>(rng_.below(5)));
       std::memcpy(page + int64_t{c.block_size} * kIndexerHeadDim + 4 * e, &s, 4);
@@ -206,7 +200,7 @@ void SimMemory::allocate() {
   if (g_.n_c4) {
     const size_t n = static_cast<size_t>(g_.n_c4 * B * g_.topk);
     topk_dev_ = alloc<int32_t>(static_cast<int64_t>(n));
-    topk_stage_ = static_cast<int32_t*>(be_.alloc_staging(n * sizeof(int32_t)));
+    if (!g_.indexer) topk_stage_ = static_cast<int32_t*>(be_.alloc_staging(n * sizeof(int32_t)));
   }
 
   // New-token inputs (the model's projections; their values change no cost).

@@ -45,6 +45,11 @@ constexpr int64_t kMinPool128 = 2048;  // aliased ratio-128 pools keep >= 2048 e
 constexpr float kTileGainSigma = 0.7f;
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
+// A random finite e4m3 byte (the NaN codes 0x7F / 0xFF moved to their neighbours).
+inline uint8_t random_finite_e4m3(FastRng& rng) {
+  const auto b = static_cast<uint8_t>(rng.below(256));
+  return (b & 0x7F) == 0x7F ? static_cast<uint8_t>(b ^ 1) : b;
+}
 inline int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
@@ -280,8 +285,8 @@ class SimMemory {
   uint8_t* meta_dev_block_ = nullptr;
   uint8_t* meta_stage_block_ = nullptr;
   size_t meta_bytes_ = 0;
-  int32_t* topk_dev_ = nullptr;  // [n_c4, B, topk]
-  int32_t* topk_stage_ = nullptr;
+  int32_t* topk_dev_ = nullptr;    // [n_c4, B, topk]
+  int32_t* topk_stage_ = nullptr;  // drawn lists only (not with --topk-source indexer)
   std::vector<std::vector<int32_t>> topk_store_;  // per table row: [n_c4, topk]
 
   void* workspace_ = nullptr;
