@@ -5,9 +5,9 @@
 // host and device arithmetic) and both orders. The catalogue of CONTRACT 11.8 on the GPU:
 // exact-arithmetic and random model-magnitude data, planted needles, ties and low-contrast rows
 // (> 16,384 equal scores), 262,144-candidate rows, invalid pages and device values, NaN keys, MTP
-// rows, k > n_t, page offsets beyond 2^31, determinism, CUDA-graph replay with changed n_t, and the
-// host errors. Every run poisons the outputs and the workspace first; output rows are strided so
-// the gaps between rows show any write outside them.
+// rows, k > n_t, page offsets beyond 2^31, determinism, CUDA-graph replay with changed n_t, the
+// fused ratio-4 list, and the host errors. Every run poisons the outputs and the workspace first;
+// output rows are strided so the gaps between rows show any write outside them.
 //
 // Fresh random data per run (SPARSEMLA_TEST_SEED reproduces one).
 #include <cuda_runtime.h>
@@ -599,6 +599,116 @@ TEST(GpuIndexerGeneric, GraphCaptureReplayWithChangedLengthsEqualsEagerWt4096) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+// ---- the fused ratio-4 list (CONTRACT 11.1)
+// ------------------------------------------------------
+
+// IndexerParams::fused on the device: the dense output and the ragged global list equal the CPU
+// fused call's, element for element, in both orders, eagerly and in a CUDA-graph replay with
+// changed n_t; a padding row (row_valid 0) and a request row with fewer candidates than k; the
+// compressed table narrower than the indexer's, so entries past it become -1 (CONTRACT 4.6).
+// Outputs poisoned; the list's slack past indptr[T] keeps its poison.
+TEST(GpuIndexerGeneric, FusedRaggedListOnTheDeviceEqualsTheCpuFusedCallEagerAndReplayed) {
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  const int32_t k = 40, ibs = 16, Wt = 12, Wc = Wt - 3;
+  IndexerCase c = make_indexer_case(rng, 6, 16, ibs, 3, Wt, k, k + 5);
+  fill_random(rng, c);
+  const int32_t reqs[6] = {0, 0, 1, 2, -1, 2};
+  for (int64_t t = 0; t < c.T; ++t) {
+    c.row_req[t] = reqs[t];
+    c.n[t] = static_cast<int32_t>(rng.randint(k, Wt * ibs));
+  }
+  c.n[3] = 7;  // fewer candidates than k
+  std::vector<uint8_t> valid(static_cast<size_t>(c.T), 1);
+  valid[4] = 0;
+  std::vector<int32_t> cbt(static_cast<size_t>(c.R * Wc));
+  for (auto& b : cbt) b = static_cast<int32_t>(rng.randint(0, 4999));
+  const size_t list_elems = static_cast<size_t>(c.T * c.W);
+  DeviceIndexerCase d(c);
+  DeviceBuffer d_valid = to_device(valid), d_cbt = to_device(cbt);
+  DeviceBuffer d_list((list_elems + kGap) * 4), d_indptr(static_cast<size_t>(c.T + 1) * 4);
+  const auto fuse = [&](IndexerParams& p, int32_t* list, int32_t* indptr, const uint8_t* rv,
+                        const int32_t* table) {
+    p.fused.out = {list, indptr, c.W};
+    p.fused.row_valid = rv;
+    p.fused.block_table = table;
+    p.fused.block_table_stride = Wc;
+    p.fused.table_width = Wc;
+    p.fused.block_size = ibs;
+  };
+  for (const TopkOrder order : {TopkOrder::ByIndex, TopkOrder::ByScore}) {
+    SCOPED_TRACE(order == TopkOrder::ByIndex ? "by_index" : "by_score");
+    // The CPU fused call: the expected dense output and list.
+    std::vector<int32_t> cpu_idx(list_elems, 0), cpu_len(static_cast<size_t>(c.T), 0);
+    std::vector<int32_t> cpu_list(list_elems, 777), cpu_indptr(static_cast<size_t>(c.T + 1), 777);
+    const auto run_cpu = [&] {
+      IndexerParams h = c.params(cpu_idx.data(), cpu_len.data(), nullptr);
+      h.order = order;
+      fuse(h, cpu_list.data(), cpu_indptr.data(), valid.data(), cbt.data());
+      indexer_topk(h);
+    };
+    DeviceOut out(c, false);
+    IndexerParams p = d.params(out.indices.as<int32_t>(), out.lengths.as<int32_t>(), nullptr);
+    p.order = order;
+    fuse(p, d_list.as<int32_t>(), d_indptr.as<int32_t>(), d_valid.as<uint8_t>(),
+         d_cbt.as<int32_t>());
+    cudaStream_t stream = nullptr;
+    cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+    p.stream = stream;
+    const size_t bytes = indexer_workspace_size(p);
+    DeviceBuffer ws = workspace_for(p, 0xFF);
+    const auto check = [&](const std::string& what) {
+      SCOPED_TRACE(what);
+      run_cpu();
+      const IndexerOut dense = out.download();
+      EXPECT_EQ(dense.indices, cpu_idx);
+      EXPECT_EQ(dense.lengths, cpu_len);
+      std::vector<int32_t> list(list_elems + kGap), indptr(static_cast<size_t>(c.T + 1));
+      d_list.download(list.data(), list.size() * 4);
+      d_indptr.download(indptr.data(), indptr.size() * 4);
+      EXPECT_EQ(indptr, cpu_indptr);
+      EXPECT_EQ(indptr[5] - indptr[4], 0) << "the padding row has no keys";
+      const int32_t used = cpu_indptr[static_cast<size_t>(c.T)];
+      for (int32_t i = 0; i < used; ++i) EXPECT_EQ(list[i], cpu_list[i]) << "entry " << i;
+      for (size_t i = static_cast<size_t>(used); i < list.size(); ++i)
+        EXPECT_EQ(static_cast<uint32_t>(list[i]), kPoisonWord) << "slack entry " << i;
+    };
+    const auto poison_all = [&] {
+      out.poison();
+      d_list.fill(kPoisonByte);
+      d_indptr.fill(kPoisonByte);
+      cuda_ok(cudaDeviceSynchronize(), "poison");  // memsets on the legacy stream
+    };
+    poison_all();
+    indexer_topk(p, ws.as<void>(), bytes);
+    cuda_ok(cudaStreamSynchronize(stream), "eager");
+    check("eager");
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
+    indexer_topk(p, ws.as<void>(), bytes);
+    cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture");
+    cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+    const std::vector<std::vector<int32_t>> steps = {{Wt * ibs, 1, 100, 0, 50, Wt * ibs + 9},
+                                                     {-2, k, k - 1, 3, Wt * ibs, 64}};
+    for (size_t step = 0; step < steps.size(); ++step) {
+      c.n = steps[step];
+      d.set_lengths(c.n);
+      poison_all();
+      cuda_ok(cudaGraphLaunch(exec, stream), "graph launch");
+      cuda_ok(cudaStreamSynchronize(stream), "replay");
+      check("replay step " + std::to_string(step));
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+    for (int64_t t = 0; t < c.T; ++t) c.n[t] = static_cast<int32_t>(rng.randint(k, Wt * ibs));
+    c.n[3] = 7;
+    d.set_lengths(c.n);
+  }
 }
 
 // ---- host errors (CONTRACT 11.4)
