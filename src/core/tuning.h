@@ -14,6 +14,12 @@
 #define SPARSEMLA_SM90_FUSED_MAX_SPLITS 2
 #endif
 
+// Lab-only compile definitions, for differences of call times (H200.md: no hardware timeline on
+// the device machine); they make outputs wrong and never go into a product build:
+// SPARSEMLA_LAB_NO_COMBINE skips the split combine kernel's launch (src/cuda/common/combine.cu),
+// SPARSEMLA_LAB_NO_ACC_STORE the sm90 partials' acc bulk stores (src/cuda/sm90/decode_sm90.cu).
+// Each prints a compiler message where it applies.
+
 namespace sparsemla::core {
 
 inline constexpr int32_t kSm90FusedMaxSplits = SPARSEMLA_SM90_FUSED_MAX_SPLITS;

@@ -842,7 +842,11 @@ __device__ __forceinline__ void write_partials_bulk(const Sm90Params& p, const S
   const float l = ft.l[row];
   p.ws_m[r] = ft.m[row];
   p.ws_l[r] = l;
-  if (!cuda::split_has_acc(l)) return;  // m = -FLT_MAX: the combine never reads this acc
+  if (!cuda::split_has_acc(l)) return;   // m = -FLT_MAX: the combine never reads this acc
+#if defined(SPARSEMLA_LAB_NO_ACC_STORE)  // src/core/tuning.h: wrong outputs, for time differences
+#pragma message("SPARSEMLA_LAB_NO_ACC_STORE: the sm90 partials' acc is not stored (outputs wrong)")
+  return;
+#endif
   bulk_copy_s2g(p.ws_acc + r * kDim, ft.acc + row * kAccStride, kDim * 4);
   bulk_commit();
   bulk_wait_read();  // the CTA's shared memory must outlive the copy's reads
