@@ -26,6 +26,11 @@ Tuning parse_tuning(const char* (*lookup)(const char* name)) {
     SPARSEMLA_CHECK_ARG(v == "0" || v == "1", "tuning", "SPARSEMLA_GENERIC_WS", "0 or 1", v);
     t.generic_ws = v == "1";
   }
+  if (const char* s = env("SPARSEMLA_COMBINE_LEAN")) {
+    const std::string v(s);
+    SPARSEMLA_CHECK_ARG(v == "0" || v == "1", "tuning", "SPARSEMLA_COMBINE_LEAN", "0 or 1", v);
+    t.combine_lean = v == "1";
+  }
   if (const char* s = env("SPARSEMLA_GENERIC_HB")) {
     const std::string v(s);
     SPARSEMLA_CHECK_ARG(v == "1" || v == "2" || v == "4", "tuning", "SPARSEMLA_GENERIC_HB",

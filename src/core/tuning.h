@@ -34,6 +34,10 @@ struct Tuning {
   // SPARSEMLA_GENERIC_WS=0: the generic path's HB = 4 calls run the 256-thread kernel instead of
   // the warp-specialised one on sm_90+ (default: warp-specialised, docs/GENERIC.md).
   bool generic_ws = true;
+  // SPARSEMLA_COMBINE_LEAN=0: the split combine keeps one head row per 128-thread block (4
+  // columns per thread) even where the lean kernel applies (16-byte aligned acc, S <= 16; default:
+  // the lean kernel, src/cuda/common/combine.cu).
+  bool combine_lean = true;
   // SPARSEMLA_GENERIC_HB=1|2|4: forces the generic kernel's 16-head blocks per CTA where the
   // configuration fits the device (default 0: the plan's rule, head_blocks_per_cta).
   int32_t generic_head_blocks = 0;

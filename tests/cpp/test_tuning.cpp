@@ -27,6 +27,7 @@ Tuning parse_with(const std::map<std::string, std::string>& env) {
 TEST(Tuning, DefaultsAreTheMeasuredChoices) {
   const Tuning t = parse_with({});
   EXPECT_TRUE(t.generic_ws);
+  EXPECT_TRUE(t.combine_lean);
   EXPECT_EQ(t.generic_head_blocks, 0);
   EXPECT_EQ(t.rescale_lag, 0.0f);
   EXPECT_EQ(t.cpu_isa, CpuIsaChoice::Auto);
@@ -35,9 +36,11 @@ TEST(Tuning, DefaultsAreTheMeasuredChoices) {
 
 TEST(Tuning, AcceptedValues) {
   const Tuning t = parse_with({{"SPARSEMLA_GENERIC_WS", "0"},
+                               {"SPARSEMLA_COMBINE_LEAN", "0"},
                                {"SPARSEMLA_GENERIC_HB", "2"},
                                {"SPARSEMLA_RESCALE_LAG", "8"}});
   EXPECT_FALSE(t.generic_ws);
+  EXPECT_FALSE(t.combine_lean);
   EXPECT_EQ(t.generic_head_blocks, 2);
   EXPECT_EQ(t.rescale_lag, 8.0f);
   EXPECT_EQ(parse_with({{"SPARSEMLA_RESCALE_LAG", "1.5"}}).rescale_lag, 1.5f);
@@ -49,11 +52,11 @@ TEST(Tuning, AcceptedValues) {
 
 TEST(Tuning, MalformedValuesNameTheVariable) {
   const std::map<std::string, std::string> bad[] = {
-      {{"SPARSEMLA_GENERIC_WS", "yes"}},  {{"SPARSEMLA_GENERIC_HB", "3"}},
-      {{"SPARSEMLA_GENERIC_HB", "4x"}},   {{"SPARSEMLA_RESCALE_LAG", "-1"}},
-      {{"SPARSEMLA_RESCALE_LAG", "65"}},  {{"SPARSEMLA_RESCALE_LAG", "8 nats"}},
-      {{"SPARSEMLA_RESCALE_LAG", "nan"}}, {{"SPARSEMLA_CPU_ISA", "sse2"}},
-      {{"SPARSEMLA_CPU_ISA", "AVX2"}},
+      {{"SPARSEMLA_GENERIC_WS", "yes"}},     {{"SPARSEMLA_GENERIC_HB", "3"}},
+      {{"SPARSEMLA_COMBINE_LEAN", "2"}},     {{"SPARSEMLA_GENERIC_HB", "4x"}},
+      {{"SPARSEMLA_RESCALE_LAG", "-1"}},     {{"SPARSEMLA_RESCALE_LAG", "65"}},
+      {{"SPARSEMLA_RESCALE_LAG", "8 nats"}}, {{"SPARSEMLA_RESCALE_LAG", "nan"}},
+      {{"SPARSEMLA_CPU_ISA", "sse2"}},       {{"SPARSEMLA_CPU_ISA", "AVX2"}},
   };
   for (const auto& env : bad) {
     const std::string name = env.begin()->first;

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "core/tuning.h"
 #include "cuda/common/decode_common.cuh"
 #include "cuda/common/decode_params.cuh"
 #include "cuda/common/device_info.h"
@@ -134,6 +135,132 @@ __global__ void __launch_bounds__(kCombineThreads)
   if (threadIdx.x == 0) store_lse(p.finish, t, h, finish_lse(max_m, sum_l));
 }
 
+// ---- the lean combine: warps per head sized by S, 16-byte loads ---------------------------------
+// Where acc is 16-byte aligned and S <= 16. A head row is W = max(1, kN / 4) warps; each thread
+// takes 4 / W chunks of 4 columns (lane-consecutive: coalesced 16-byte loads), so every split's
+// loads of all chunks stay in flight together (kN x 4 / W = 16 float4 per thread). Split s's
+// (m, l) is loaded by lane s alone and shuffled to the warp; the finish inputs the decode kernel
+// does not write (sink, the RoPE cos / sin) are loaded before griddepcontrol.wait. Same
+// arithmetic, in the same order, as combine_small: the outputs are bit-identical to it. Why:
+// by differences the one-row kernel costs 7-8 us of a graph-replayed call (docs/lab/sm90-path.md,
+// record 2026-12-02T2313Z) while its bytes take ~2-3 us; its ~670 instructions per warp are
+// mostly every thread recomputing the row's split weights and 64-bit addresses for 4 columns.
+constexpr int kLeanThreads = 256;  // 8 warps
+
+template <int kN>
+constexpr int lean_warps_per_head() {
+  return kN <= 4 ? 1 : kN / 4;
+}
+
+template <int kN>
+__global__ void __launch_bounds__(kLeanThreads)
+    decode_combine_lean_kernel(const __grid_constant__ CombineParams p) {
+  constexpr int kW = lean_warps_per_head<kN>();
+  constexpr int kHeadsPerBlock = kLeanThreads / 32 / kW;
+  constexpr int kChunks = 4 / kW;  // chunks of 4 columns per thread
+  const int64_t t = blockIdx.x;
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int32_t h = static_cast<int32_t>(blockIdx.y) * kHeadsPerBlock + warp / kW;
+  if (h >= p.num_heads) return;           // whole warps; no block-wide barrier below
+  const int q = (warp % kW) * 32 + lane;  // thread within the head row: chunk q + 32 kW j
+  const FinishParams& f = p.finish;
+  const bool rope = f.positions != nullptr;
+  float2 cs[kChunks][2];  // cos / sin of the chunk's two pairs (RoPE dims only)
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+    const int col = 4 * (q + 32 * kW * j);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int d = col + 2 * e;
+      cs[j][e] = rope && d >= Fp8DsMla::kNopeDims
+                     ? rope_cos_sin(f, t, (d - Fp8DsMla::kNopeDims) / 2)
+                     : make_float2(1.f, 0.f);
+    }
+  }
+  if (f.sink != nullptr) (void)sink_value(f.sink, h);  // into L1 for finish_splits' reads
+  const int32_t S = p.num_splits, H = p.num_heads;
+  const int64_t row0 = t * S * H + h;  // split s at row0 + s*H
+  wait_for_partials();
+  const float my_m = lane < S ? __ldcg(p.ws_m + row0 + lane * H) : kNoScore;
+  const float my_l = lane < S ? __ldcg(p.ws_l + row0 + lane * H) : 0.0f;
+  float m[kN], l[kN];
+#pragma unroll
+  for (int s = 0; s < kN; ++s) {
+    m[s] = __shfl_sync(0xFFFFFFFFu, my_m, s);
+    l[s] = __shfl_sync(0xFFFFFFFFu, my_l, s);
+  }
+  const SplitsFinish fin = finish_splits(m, l, f.sink, h);
+  float o[kChunks][4];
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  if (fin.factor != 0.0f) {
+    const float seed = finish_seed(fin.factor);
+    float4 v[kN][kChunks];
+#pragma unroll
+    for (int s = 0; s < kN; ++s) {
+      const float4* src = reinterpret_cast<const float4*>(p.ws_acc + (row0 + s * H) * kDim) + q;
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) {
+        // Inactive splits: acc never read (stale NaN/Inf).
+        v[s][j] = m[s] != kNoScore ? __ldcg(src + 32 * kW * j) : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = seed;
+#pragma unroll
+    for (int s = 0; s < kN; ++s) {
+      if (m[s] == kNoScore) continue;
+      const float c = split_weight(m[s], fin.big_m) * fin.factor;
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) {
+        o[j][0] += c * v[s][j].x;
+        o[j][1] += c * v[s][j].y;
+        o[j][2] += c * v[s][j].z;
+        o[j][3] += c * v[s][j].w;
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+    const int col = 4 * (q + 32 * kW * j);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float a = o[j][2 * e], b = o[j][2 * e + 1];
+      const int d = col + 2 * e;
+      if (rope && d >= Fp8DsMla::kNopeDims) inverse_rope(a, b, cs[j][e]);
+      store_out_value_pair(f, t, h, d, a, b);
+    }
+  }
+  if (q == 0) store_lse(f, t, h, finish_lse(fin.max_m, fin.sum_l));
+}
+
+// The lean kernel for S <= kN, if the tuning and the workspace allow it.
+bool launch_lean_combine(const CombineParams& cp, cudaLaunchConfig_t cfg) {
+  const int32_t S = cp.num_splits;
+  if ((reinterpret_cast<uintptr_t>(cp.ws_acc) & 15) != 0 || S > kCombineFast ||
+      !core::tuning().combine_lean) {
+    return false;
+  }
+  const auto launch = [&](auto kernel, int warps_per_head) {
+    const int heads_per_block = kLeanThreads / 32 / warps_per_head;
+    cfg.gridDim =
+        dim3(static_cast<unsigned>(cp.num_tokens),
+             static_cast<unsigned>((cp.num_heads + heads_per_block - 1) / heads_per_block));
+    cfg.blockDim = dim3(kLeanThreads);
+    cuda::check_cuda(cudaLaunchKernelEx(&cfg, kernel, cp), "decode_combine_lean_kernel launch");
+  };
+  if (S <= 2) {
+    launch(decode_combine_lean_kernel<2>, lean_warps_per_head<2>());
+  } else if (S <= 4) {
+    launch(decode_combine_lean_kernel<4>, lean_warps_per_head<4>());
+  } else if (S <= 8) {
+    launch(decode_combine_lean_kernel<8>, lean_warps_per_head<8>());
+  } else {
+    launch(decode_combine_lean_kernel<kCombineFast>, lean_warps_per_head<kCombineFast>());
+  }
+  return true;
+}
+
 void launch_combine_kernel(const CombineParams& cp, bool pdl, cudaStream_t stream) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(cp.num_tokens), static_cast<unsigned>(cp.num_heads));
@@ -145,6 +272,7 @@ void launch_combine_kernel(const CombineParams& cp, bool pdl, cudaStream_t strea
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 1 : 0;
+  if (launch_lean_combine(cp, cfg)) return;
   const int32_t S = cp.num_splits;
   auto* kernel = S <= 2              ? decode_combine_kernel<2>
                  : S <= 4            ? decode_combine_kernel<4>

@@ -372,7 +372,9 @@ __device__ __forceinline__ float split_weight(float m, float big_m) {
   return m == kNoScore ? 0.0f : __expf(m - big_m);
 }
 
-__device__ __forceinline__ float quiet_nan() { return __uint_as_float(0x7FC00000u); }
+__device__ __forceinline__ float quiet_nan() {
+  return __uint_as_float(0x7FC00000u);
+}
 
 // What a split reports for its running (m, l) (CONTRACT 4.3): (m, l) when l > 0; an empty split
 // (l == 0) reports m = -FLT_MAX, l = 0 and leaves its acc unwritten; a split whose l is NaN (a NaN
@@ -380,8 +382,12 @@ __device__ __forceinline__ float quiet_nan() { return __uint_as_float(0x7FC00000
 __device__ __forceinline__ float reported_m(float m, float l) {
   return l > 0.0f ? m : (l == 0.0f ? kNoScore : quiet_nan());
 }
-__device__ __forceinline__ float reported_l(float l) { return l == 0.0f ? 0.0f : l; }
-__device__ __forceinline__ bool split_has_acc(float l) { return !(l == 0.0f); }
+__device__ __forceinline__ float reported_l(float l) {
+  return l == 0.0f ? 0.0f : l;
+}
+__device__ __forceinline__ bool split_has_acc(float l) {
+  return !(l == 0.0f);
+}
 
 // Folds the sink into (M, L) of the valid keys. L is not > 0 for empty rows and for sink = +inf
 // (exp(inf - inf) = NaN), both of which output 0, and for a NaN sink or mass (output NaN).
@@ -511,11 +517,9 @@ __device__ __forceinline__ void store_out_chunk(const FinishParams& f, int64_t t
 
 // Stores the output pair (dims d, d + 1; d even) of row (t, h), rotating it back first when d is a
 // RoPE dim and positions are given.
-__device__ __forceinline__ void store_out_pair(const FinishParams& f, int64_t t, int32_t h, int d,
-                                               float a, float b) {
-  if (f.positions != nullptr && d >= Fp8DsMla::kNopeDims) {
-    inverse_rope(a, b, rope_cos_sin(f, t, (d - Fp8DsMla::kNopeDims) / 2));
-  }
+// The output pair (dims d, d + 1) of row (t, h) as given (already rotated back where needed).
+__device__ __forceinline__ void store_out_value_pair(const FinishParams& f, int64_t t, int32_t h,
+                                                     int d, float a, float b) {
   __nv_bfloat16* dst = f.out + t * f.out_stride_token + h * f.out_stride_head + d;
   const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
   if (f.out_pair_aligned) {
@@ -524,6 +528,14 @@ __device__ __forceinline__ void store_out_pair(const FinishParams& f, int64_t t,
     dst[0] = v.x;
     dst[1] = v.y;
   }
+}
+
+__device__ __forceinline__ void store_out_pair(const FinishParams& f, int64_t t, int32_t h, int d,
+                                               float a, float b) {
+  if (f.positions != nullptr && d >= Fp8DsMla::kNopeDims) {
+    inverse_rope(a, b, rope_cos_sin(f, t, (d - Fp8DsMla::kNopeDims) / 2));
+  }
+  store_out_value_pair(f, t, h, d, a, b);
 }
 
 __device__ __forceinline__ void store_lse(const FinishParams& f, int64_t t, int32_t h, float v) {
