@@ -14,6 +14,7 @@
 #include "cuda/generic/generic_backend.h"
 #include "cuda/generic/indexer_backend.h"
 #include "cuda/generic/ops_backend.h"
+#include "cuda/sm90/indexer_sm90_backend.h"
 #include "cuda/sm90/sm90_backend.h"
 #endif
 
@@ -106,25 +107,37 @@ void gather_indexer_keys(const GatherParams& p) {
   cpu::gather_indexer_keys(p);
 }
 
-// The lightning indexer (CONTRACT 11): the CPU backend for host data, the generic CUDA path for
-// device data (Auto and CudaGeneric). CudaSm90 is refused until the Hopper FP8 path exists: running
-// the generic kernels under its name would change the call's numerics the day it is built (11.7:
-// 2^-9 against the generic path's CPU-identical scores).
+// The lightning indexer (CONTRACT 11): the CPU backend for host data; for device data the generic
+// CUDA path (Auto and CudaGeneric: scores bit-identical to the CPU's) or, asked for by name, the
+// Hopper FP8 path (CudaSm90: 11.7's 2^-9 bound). Auto stays on the generic path until the Hopper
+// path is measured faster in bench --op indexer (docs/INDEXER.md).
 namespace {
-bool indexer_on_gpu(const IndexerParams& p) {
-  if (!on_gpu("indexer_topk", p.path, p.indices)) return false;
-  SPARSEMLA_CHECK_ARG(p.path != Path::CudaSm90, "indexer_topk", "path",
-                      "auto or cuda-generic (the Hopper FP8 indexer path is not built yet)",
-                      path_name(p.path));
-  return true;
+enum class IndexerRoute { Cpu, Generic, Sm90 };
+
+IndexerRoute indexer_route(const IndexerParams& p) {
+  if (!on_gpu("indexer_topk", p.path, p.indices)) return IndexerRoute::Cpu;
+  if (p.path != Path::CudaSm90) return IndexerRoute::Generic;
+#if defined(SPARSEMLA_WITH_CUDA)
+  const std::string why = cuda_sm90::indexer_unsupported_reason(p);
+  if (!why.empty())
+    throw_arg_error("indexer_topk", "path", "cuda-sm90 to be given " + why, "cuda-sm90");
+#endif
+  return IndexerRoute::Sm90;
 }
 
-// The selection alone: the CPU backend, or the generic CUDA path with the caller's workspace.
-void indexer_select(const IndexerParams& p, void* workspace, size_t workspace_bytes) {
-  const bool gpu = indexer_on_gpu(p);
 #if defined(SPARSEMLA_WITH_CUDA)
-  if (gpu) {
-    const size_t need = cuda_generic::indexer_workspace_size(p);
+size_t indexer_gpu_workspace(const IndexerParams& p, IndexerRoute route) {
+  return route == IndexerRoute::Sm90 ? cuda_sm90::indexer_workspace_size(p)
+                                     : cuda_generic::indexer_workspace_size(p);
+}
+#endif
+
+// The selection alone: the CPU backend, or a CUDA path with the caller's workspace.
+void indexer_select(const IndexerParams& p, void* workspace, size_t workspace_bytes) {
+  const IndexerRoute route = indexer_route(p);
+#if defined(SPARSEMLA_WITH_CUDA)
+  if (route != IndexerRoute::Cpu) {
+    const size_t need = indexer_gpu_workspace(p, route);
     SPARSEMLA_CHECK_ARG(workspace_bytes >= need, "indexer_topk", "workspace_bytes",
                         ">= indexer_workspace_size(p) = " + std::to_string(need), workspace_bytes);
     if (need > 0) {
@@ -133,10 +146,11 @@ void indexer_select(const IndexerParams& p, void* workspace, size_t workspace_by
       SPARSEMLA_CHECK_ARG(reinterpret_cast<uintptr_t>(workspace) % 8 == 0, "indexer_topk",
                           "workspace", "8-byte alignment", workspace);
     }
+    if (route == IndexerRoute::Sm90) return cuda_sm90::indexer_topk(p, workspace);
     return cuda_generic::indexer_topk(p, workspace);
   }
 #endif
-  (void)gpu;
+  (void)route;
   (void)workspace;
   (void)workspace_bytes;  // the CPU backend allocates its own scratch (size query: 0)
   cpu::indexer_topk(p);
@@ -172,9 +186,10 @@ void indexer_topk(const IndexerParams& p, void* workspace, size_t workspace_byte
 
 size_t indexer_workspace_size(const IndexerParams& p) {
   core::validate(p);
-  if (!indexer_on_gpu(p)) return 0;  // the CPU backend allocates its own scratch
+  const IndexerRoute route = indexer_route(p);
+  if (route == IndexerRoute::Cpu) return 0;  // the CPU backend allocates its own scratch
 #if defined(SPARSEMLA_WITH_CUDA)
-  return cuda_generic::indexer_workspace_size(p);
+  return indexer_gpu_workspace(p, route);
 #else
   return 0;  // unreachable: resolve_path throws for CUDA paths
 #endif

@@ -5,8 +5,10 @@
 // One call scores and selects (the fused form of 11.5): no [T, N] logits buffer. Backends: the CPU
 // (host pointers; OpenMP over requests and candidate ranges, keys read once per request for all
 // its rows) and the generic CUDA path (device pointers, Path::Auto or Path::CudaGeneric; sm_80+;
-// scores, selections and orders bit-identical to the CPU's). Path::CudaSm90 (the Hopper FP8 path)
-// is not built and is rejected with an error naming `path`. Workspace: indexer_workspace_size(...)
+// scores, selections and orders bit-identical to the CPU's), and asked for by name Path::CudaSm90,
+// the Hopper FP8 path (cc 9.0, H <= 128, 16-byte aligned cache base and block stride; scores
+// within CONTRACT 11.7's 2^-9 bound, exact on exact-arithmetic data; otherwise an error naming
+// `path`). Workspace: indexer_workspace_size(...)
 // bytes (0 on the CPU; on the GPU a function of T, Wt, ibs, k and the SM count, never of device
 // values); graph rules of 11.5 (docs/INDEXER.md).
 #pragma once

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "gpu_support.h"
+#include "reference/indexer_checks.h"
 #include "reference/indexer_reference.h"
 #include "reference/random.h"
 #include "sparsemla/error.h"
@@ -68,7 +69,8 @@ struct DeviceIndexerCase {
   }
 
   // Device params; outputs strided by W + kGap.
-  IndexerParams params(int32_t* indices, int32_t* lengths, float* scores) const {
+  IndexerParams params(int32_t* indices, int32_t* lengths, float* scores,
+                       Path path = Path::CudaGeneric) const {
     IndexerParams p = c.params(nullptr, nullptr, nullptr);
     p.q = c.T > 0 ? q.as<uint8_t>() : nullptr;
     p.w = c.T > 0 ? w.as<float>() : nullptr;
@@ -82,7 +84,7 @@ struct DeviceIndexerCase {
     p.lengths = lengths;
     p.scores = scores;
     p.scores_stride = c.W + kGap;
-    p.path = Path::CudaGeneric;
+    p.path = path;
     return p;
   }
 };
@@ -141,10 +143,11 @@ DeviceBuffer workspace_for(const IndexerParams& p, int poison) {
   return ws;
 }
 
-IndexerOut run_gpu(const DeviceIndexerCase& d, TopkOrder order, bool scores, int ws_poison = 0xFF) {
+IndexerOut run_gpu(const DeviceIndexerCase& d, TopkOrder order, bool scores, int ws_poison = 0xFF,
+                   Path path = Path::CudaGeneric) {
   DeviceOut out(d.c, scores);
   IndexerParams p = d.params(out.indices.as<int32_t>(), out.lengths.as<int32_t>(),
-                             scores ? out.scores.as<float>() : nullptr);
+                             scores ? out.scores.as<float>() : nullptr, path);
   p.order = order;
   DeviceBuffer ws = workspace_for(p, ws_poison);
   indexer_topk(p, ws.as<void>(), indexer_workspace_size(p));
@@ -184,12 +187,13 @@ void expect_identical(const IndexerCase& c, const IndexerOut& cpu, const Indexer
 
 // Both orders, with and without scores: GPU == CPU.
 void expect_gpu_equals_cpu(const IndexerCase& c, const DeviceIndexerCase& d,
-                           const std::string& what) {
+                           const std::string& what, Path path = Path::CudaGeneric) {
   for (const TopkOrder order : {TopkOrder::ByIndex, TopkOrder::ByScore}) {
     for (const bool scores : {true, false}) {
       const std::string tag = what + (order == TopkOrder::ByIndex ? " by_index" : " by_score") +
                               (scores ? " +scores" : "");
-      expect_identical(c, run_indexer_cpu(c, order, scores), run_gpu(d, order, scores), tag);
+      expect_identical(c, run_indexer_cpu(c, order, scores), run_gpu(d, order, scores, 0xFF, path),
+                       tag);
     }
   }
 }
@@ -714,8 +718,8 @@ TEST(GpuIndexerGeneric, FusedRaggedListOnTheDeviceEqualsTheCpuFusedCallEagerAndR
 // ---- host errors (CONTRACT 11.4)
 // -----------------------------------------------------------------
 
-// Workspace below the size query names workspace_bytes, a null one names workspace; cuda-sm90 (not
-// built for the indexer) names path. The size depends only on host shapes.
+// Workspace below the size query names workspace_bytes, a null one names workspace; cuda-sm90 on a
+// cache it cannot take names path. The size depends only on host shapes.
 TEST(GpuIndexerGeneric, WorkspaceTooSmallAndSm90PathNameTheArgument) {
   Rng rng(11);
   IndexerCase c = make_indexer_case(rng, 2, 4, 16, 2, 4, 8, 8);
@@ -740,9 +744,16 @@ TEST(GpuIndexerGeneric, WorkspaceTooSmallAndSm90PathNameTheArgument) {
   expect_error(p, nullptr, 0, "workspace_bytes");
   expect_error(p, nullptr, need, "workspace");
   expect_error(p, ws.as<uint8_t>(4), need, "workspace");  // misaligned
-  IndexerParams sm90 = p;
-  sm90.path = Path::CudaSm90;
-  expect_error(sm90, ws.as<void>(), need, "path");
+  {  // cuda-sm90 with a block stride that is not a multiple of 16 (ibs = 61: 8,100 bytes): refused
+    // on every device, naming path (the Hopper path copies 16-byte runs).
+    IndexerCase odd = make_indexer_case(rng, 1, 4, 61, 1, 2, 8, 8);
+    fill_exact(rng, odd);
+    odd.n[0] = 100;
+    DeviceIndexerCase dodd(odd);
+    DeviceOut oodd(odd, false);
+    IndexerParams sm90 = dodd.params(oodd.indices.as<int32_t>(), nullptr, nullptr, Path::CudaSm90);
+    expect_error(sm90, ws.as<void>(), need, "path");
+  }
   IndexerParams host = c.params(nullptr, nullptr, nullptr);
   std::vector<int32_t> idx(static_cast<size_t>(c.T * c.W));
   host.indices = idx.data();
@@ -756,6 +767,299 @@ TEST(GpuIndexerGeneric, WorkspaceTooSmallAndSm90PathNameTheArgument) {
   EXPECT_EQ(indexer_workspace_size(auto_path), need);
   EXPECT_NO_THROW(indexer_topk(auto_path, ws.as<void>(), need));
   cuda_ok(cudaDeviceSynchronize(), "auto");
+}
+
+// ---- the Hopper FP8 path (Path::CudaSm90, CONTRACT 11.7: eps = 2^-9)
+// ----------------------------- Exact-arithmetic data must equal the CPU bit for bit on this path
+// too (every dot, product and head sum is exact in any accumulator of >= 11 bits); random data is
+// held to the near-tie rule against the float64 reference. Pages: block strides multiple of 16 (ibs
+// in {8, 16, 64, 256}).
+
+constexpr double kFp8Eps = 1.0 / 512;  // 2^-9 (CONTRACT 11.7)
+
+#define SPARSEMLA_REQUIRE_SM90()                                                        \
+  do {                                                                                  \
+    if (!gpu_support::device_is_sm90()) GTEST_SKIP() << "the Hopper path needs cc 9.0"; \
+  } while (0)
+
+// Random data: both orders with scores, every row within 11.7's bounds; returns the worst
+// |score - ref| / A seen.
+double expect_sm90_within_bounds(const IndexerCase& c, const DeviceIndexerCase& d) {
+  double worst = 0.0;
+  for (const TopkOrder order : {TopkOrder::ByScore, TopkOrder::ByIndex}) {
+    const IndexerOut o = run_gpu(d, order, true, 0xFF, Path::CudaSm90);
+    for (int64_t t = 0; t < c.T; ++t) {
+      expect_within_bounds(c, o, t, kFp8Eps);
+      worst = std::max(worst, worst_relative_error(c, o, t));
+    }
+  }
+  return worst;
+}
+
+TEST(GpuIndexerSm90, ExactDataBitIdenticalToCpuAcrossLengthsLayoutsHeadsAndK) {
+  SPARSEMLA_REQUIRE_SM90();
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  struct Shape {
+    int32_t H, ibs, k;
+    IndexerLayout layout;
+  };
+  for (const Shape s :
+       {Shape{4, 64, 7, IndexerLayout::Normal}, Shape{1, 16, 1, IndexerLayout::Shuffle},
+        Shape{16, 8, 7, IndexerLayout::Normal}, Shape{64, 64, 512, IndexerLayout::Normal},
+        Shape{64, 16, 100, IndexerLayout::Shuffle}, Shape{100, 64, 64, IndexerLayout::Normal},
+        Shape{128, 256, 1024, IndexerLayout::Shuffle}, Shape{8, 64, 2048, IndexerLayout::Normal}}) {
+    const std::string what = "H=" + std::to_string(s.H) + " ibs=" + std::to_string(s.ibs) +
+                             " k=" + std::to_string(s.k) +
+                             (s.layout == IndexerLayout::Shuffle ? " shuffle" : " normal");
+    SCOPED_TRACE(what);
+    const int32_t k = s.k, ibs = s.ibs;
+    const std::vector<int32_t> lengths = {0,     1,       k - 1, k,       k + 1,
+                                          2 * k, ibs - 1, ibs,   ibs + 1, 3 * ibs + 5};
+    const int64_t T = static_cast<int64_t>(lengths.size());
+    const int32_t Wt = (std::max(2 * k, 3 * ibs + 5) + ibs - 1) / ibs;
+    IndexerCase c = make_indexer_case(rng, T, s.H, ibs, T, Wt, k, k + 3, s.layout);
+    fill_exact(rng, c);
+    for (int64_t t = 0; t < T; ++t)
+      c.row_req[t] = static_cast<int32_t>(t), c.n[t] = std::max(0, lengths[t]);
+    const DeviceIndexerCase d(c);
+    expect_gpu_equals_cpu(c, d, what, Path::CudaSm90);
+  }
+}
+
+// Ties at 65,536 and 262,144 candidates (exact data), the long rows of 11.8.2, NaN keys, +inf
+// scales, NaN weights, invalid pages and padding rows: the CPU's outputs bit for bit.
+TEST(GpuIndexerSm90, TiesLongRowsNanKeysAndInvalidPagesBitIdenticalToCpu) {
+  SPARSEMLA_REQUIRE_SM90();
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  {  // ties: all-equal, all-zero and banded rows
+    const int32_t ibs = 64, Wt = 4096, k = 512;
+    for (const int32_t n : {65536, 262144}) {
+      IndexerCase c = make_indexer_case(rng, 3, 1, ibs, 1, Wt, k, k);
+      uint8_t bytes[128];
+      for (auto& b : bytes) b = small_e4m3(1);
+      for (int64_t j = 0; j < n; ++j) c.set_entry(0, j, bytes, j % 97 == 5 ? 2.0f : 1.0f);
+      for (int d = 0; d < 128; ++d) {
+        c.q[0 * 128 + d] = small_e4m3(1);
+        c.q[1 * 128 + d] = small_e4m3(-1);
+        c.q[2 * 128 + d] = small_e4m3(d % 2 ? 1 : 2);
+      }
+      for (int64_t t = 0; t < c.T; ++t) c.w[t] = 1.0f / 64, c.n[t] = n;
+      const DeviceIndexerCase d(c);
+      expect_gpu_equals_cpu(c, d, "ties n=" + std::to_string(n), Path::CudaSm90);
+    }
+  }
+  {  // 262,144-candidate rows, B = 4, requests sharing pages, k = 2048
+    const int32_t ibs = 64, Wt = 4096, k = 2048;
+    IndexerCase c = make_indexer_case(rng, 4, 64, ibs, 1, Wt, k, k + 5);
+    fill_exact(rng, c);
+    share_pages_across_requests(rng, c, 4);
+    for (int64_t t = 0; t < c.T; ++t) {
+      c.row_req[t] = static_cast<int32_t>(t);
+      c.n[t] = t == 0 ? Wt * ibs : static_cast<int32_t>(rng.randint(Wt * ibs / 4, Wt * ibs));
+    }
+    const DeviceIndexerCase d(c);
+    for (const TopkOrder order : {TopkOrder::ByScore, TopkOrder::ByIndex}) {
+      expect_identical(c, run_indexer_cpu(c, order, true),
+                       run_gpu(d, order, true, 0xFF, Path::CudaSm90), "long rows");
+    }
+  }
+  {  // NaN key bytes, +inf and -1 scales, a NaN weight
+    const int32_t ibs = 16, Wt = 8, k = 20;
+    IndexerCase c = make_indexer_case(rng, 4, 4, ibs, 1, Wt, k, k);
+    fill_exact(rng, c);
+    for (int64_t t = 0; t < c.T; ++t) c.n[t] = Wt * ibs;
+    uint8_t bytes[128];
+    for (int j = 0; j < 30; ++j) {
+      for (auto& b : bytes) b = small_e4m3(static_cast<int>(rng.randint(-2, 2)));
+      bytes[rng.randint(0, 127)] = rng.randint(0, 1) ? 0x7F : 0xFF;
+      c.set_entry(0, 3 * j, bytes, 1.0f);
+      for (auto& b : bytes) b = small_e4m3(static_cast<int>(rng.randint(-2, 2)));
+      c.set_entry(0, 3 * j + 1, bytes, std::numeric_limits<float>::infinity());
+      for (auto& b : bytes) b = small_e4m3(static_cast<int>(rng.randint(-2, 0)));
+      c.set_entry(0, 3 * j + 2, bytes, -1.0f);
+    }
+    c.w[2 * c.H + 1] = std::numeric_limits<float>::quiet_NaN();
+    const DeviceIndexerCase d(c);
+    expect_gpu_equals_cpu(c, d, "nan", Path::CudaSm90);
+  }
+  {  // invalid page ids, a duplicate page, holes, padding rows, n out of range
+    const int32_t ibs = 8, Wt = 6, k = 12;
+    IndexerCase c = make_indexer_case(rng, 7, 4, ibs, 3, Wt, k, k + 2);
+    fill_exact(rng, c);
+    const int32_t bad[] = {INT_MIN, -1, static_cast<int32_t>(c.num_blocks),
+                           static_cast<int32_t>(c.num_blocks + 1024), INT_MAX};
+    for (int32_t b = 0; b < 5; ++b) c.table[0 * c.table_stride + b] = bad[b];
+    c.table[1 * c.table_stride + 2] = c.table[1 * c.table_stride + 0];
+    c.table[2 * c.table_stride + 3] = -1;
+    const int32_t reqs[7] = {0, 1, -1, 3, 2, 2, INT_MAX};
+    const int32_t ns[7] = {Wt * ibs, Wt * ibs, 40, 40, -5, Wt * ibs + 1000, 10};
+    for (int64_t t = 0; t < c.T; ++t) c.row_req[t] = reqs[t], c.n[t] = ns[t];
+    const DeviceIndexerCase d(c);
+    expect_gpu_equals_cpu(c, d, "invalid", Path::CudaSm90);
+  }
+}
+
+// Random bytes at model magnitudes (fill_random), H = 64 (DSV4) and 1, 16, 100, 128, MTP rows of
+// one request adjacent: every row within 11.7's near-tie rule at eps = 2^-9; the worst relative
+// error is printed.
+TEST(GpuIndexerSm90, RandomModelMagnitudesWithinTheNearTieRuleH1H16H64H100H128Mtp) {
+  SPARSEMLA_REQUIRE_SM90();
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  double worst = 0.0;
+  for (const int32_t H : {64, 1, 16, 100, 128}) {
+    SCOPED_TRACE("H=" + std::to_string(H));
+    const int32_t k = H == 64 ? 512 : 64, ibs = 64, Wt = 48;
+    IndexerCase c = make_indexer_case(rng, 8, H, ibs, 5, Wt, k, k + 1);
+    fill_random(rng, c);
+    const int32_t reqs[8] = {0, 0, 1, 2, 2, 3, 4, 4};
+    for (int64_t t = 0; t < c.T; ++t) {
+      c.row_req[t] = reqs[t];
+      c.n[t] = static_cast<int32_t>(rng.randint(k / 2, Wt * ibs));
+    }
+    c.n[1] = c.n[0] + 1;
+    const DeviceIndexerCase d(c);
+    worst = std::max(worst, expect_sm90_within_bounds(c, d));
+  }
+  std::printf("[ indexer sm90 ] worst |score - ref| / A = %.3g (bound 2^-9 = %.3g)\n", worst,
+              kFp8Eps);
+}
+
+// Planted needles (11.7): k keys beating every other by far more than the bound are the selection.
+TEST(GpuIndexerSm90, PlantedNeedlesAreTheSelectionH64K512) {
+  SPARSEMLA_REQUIRE_SM90();
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  const int32_t k = 512, ibs = 64, Wt = 128, H = 64;
+  IndexerCase c = make_indexer_case(rng, 3, H, ibs, 3, Wt, k, k);
+  fill_random(rng, c);
+  std::vector<std::set<int64_t>> needles(static_cast<size_t>(c.T));
+  for (int64_t t = 0; t < c.T; ++t) {
+    c.row_req[t] = static_cast<int32_t>(t);
+    c.n[t] = Wt * ibs - static_cast<int32_t>(rng.randint(0, 100));
+    for (int32_t h = 0; h < H; ++h) c.w[t * H + h] = std::fabs(c.w[t * H + h]) + 0.01f;
+    while (static_cast<int32_t>(needles[t].size()) < k)
+      needles[t].insert(rng.randint(0, c.n[t] - 1));
+    for (const int64_t j : needles[t]) c.set_entry(t, j, c.q.data() + t * H * 128, 1.0f);
+  }
+  const DeviceIndexerCase d(c);
+  const IndexerOut o = run_gpu(d, TopkOrder::ByIndex, true, 0xFF, Path::CudaSm90);
+  for (int64_t t = 0; t < c.T; ++t) {
+    const std::set<int64_t> got(o.indices.begin() + t * c.W, o.indices.begin() + t * c.W + k);
+    EXPECT_EQ(got, needles[t]) << "row " << t;
+    expect_within_bounds(c, o, t, kFp8Eps);
+  }
+}
+
+// 20 runs bit-identical (workspace poisoned differently); a row's output is the same alone
+// (T = 1: ~2 CU splits), in its batch and among 300 rows (one split each).
+TEST(GpuIndexerSm90, DeterministicOver20RunsAndAcrossBatchAndSplitCountH64) {
+  SPARSEMLA_REQUIRE_SM90();
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  const int32_t ibs = 64, Wt = 160, k = 512, H = 64;
+  IndexerCase c = make_indexer_case(rng, 5, H, ibs, 5, Wt, k, k);
+  fill_random(rng, c);
+  for (int64_t t = 0; t < c.T; ++t)
+    c.row_req[t] = static_cast<int32_t>(t), c.n[t] = Wt * ibs - static_cast<int32_t>(t);
+  const DeviceIndexerCase d(c);
+  const IndexerOut first = run_gpu(d, TopkOrder::ByScore, true, 0xFF, Path::CudaSm90);
+  for (int64_t t = 0; t < c.T; ++t) expect_within_bounds(c, first, t, kFp8Eps);
+  for (int i = 0; i < 20; ++i) {
+    const IndexerOut again =
+        run_gpu(d, TopkOrder::ByScore, true, i % 2 ? 0x00 : 0xA7, Path::CudaSm90);
+    ASSERT_EQ(again.indices, first.indices) << "run " << i;
+    ASSERT_EQ(0, std::memcmp(again.scores.data(), first.scores.data(), 4 * first.scores.size()))
+        << "run " << i;
+  }
+  IndexerCase alone = c;
+  alone.T = 1;
+  alone.q.assign(c.q.begin() + 3 * H * 128, c.q.begin() + 4 * H * 128);
+  alone.w.assign(c.w.begin() + 3 * H, c.w.begin() + 4 * H);
+  alone.row_req = {3}, alone.n = {c.n[3]};
+  const IndexerOut single =
+      run_gpu(DeviceIndexerCase(alone), TopkOrder::ByScore, true, 0xFF, Path::CudaSm90);
+  EXPECT_TRUE(
+      std::equal(single.indices.begin(), single.indices.end(), first.indices.begin() + 3 * c.W));
+  EXPECT_EQ(0, std::memcmp(single.scores.data(), first.scores.data() + 3 * c.W, 4 * c.W));
+  IndexerCase big = c;
+  big.T = 300;
+  big.q.clear(), big.w.clear(), big.row_req.clear(), big.n.clear();
+  for (int64_t t = 0; t < big.T; ++t) {
+    const int64_t src = t % c.T;
+    big.q.insert(big.q.end(), c.q.begin() + src * H * 128, c.q.begin() + (src + 1) * H * 128);
+    big.w.insert(big.w.end(), c.w.begin() + src * H, c.w.begin() + (src + 1) * H);
+    big.row_req.push_back(c.row_req[src]);
+    big.n.push_back(c.n[src]);
+  }
+  const IndexerOut batch =
+      run_gpu(DeviceIndexerCase(big), TopkOrder::ByScore, true, 0xFF, Path::CudaSm90);
+  for (int64_t t = 0; t < big.T; ++t) {
+    const int64_t src = t % c.T;
+    ASSERT_TRUE(std::equal(first.indices.begin() + src * c.W,
+                           first.indices.begin() + (src + 1) * c.W,
+                           batch.indices.begin() + t * c.W))
+        << "row " << t;
+  }
+}
+
+// 11.5: captured at (T = 4, Wt = 4096 pages of 64), replayed with lengths rewritten on the device
+// (long, short, padding-like 0): every replay equals an eager call on the same lengths.
+TEST(GpuIndexerSm90, GraphCaptureReplayWithChangedLengthsEqualsEagerWt4096) {
+  SPARSEMLA_REQUIRE_SM90();
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  const int32_t ibs = 64, Wt = 4096, k = 512;
+  IndexerCase c = make_indexer_case(rng, 4, 64, ibs, 1, Wt, k, k);
+  fill_random(rng, c);
+  share_pages_across_requests(rng, c, 4);
+  for (int64_t t = 0; t < c.T; ++t) c.row_req[t] = static_cast<int32_t>(t), c.n[t] = Wt * ibs;
+  DeviceIndexerCase d(c);
+  DeviceOut out(c, true);
+  IndexerParams p = d.params(out.indices.as<int32_t>(), out.lengths.as<int32_t>(),
+                             out.scores.as<float>(), Path::CudaSm90);
+  p.order = TopkOrder::ByScore;
+  const size_t need = indexer_workspace_size(p);
+  DeviceBuffer ws(std::max<size_t>(8, need));
+  cudaStream_t stream;
+  cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  p.stream = stream;
+  cudaGraph_t graph;
+  cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture");
+  indexer_topk(p, ws.as<void>(), need);
+  cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture");
+  cudaGraphExec_t exec;
+  cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  const std::vector<std::vector<int32_t>> steps = {
+      {Wt * ibs, 100000, 513, 7}, {1000, 0, Wt * ibs, 262143}, {0, 0, 0, 5}, {Wt * ibs, 1, 2, 3}};
+  for (const auto& lengths : steps) {
+    d.set_lengths(lengths);
+    out.poison();
+    ws.fill(0xA5);
+    cuda_ok(cudaGraphLaunch(exec, stream), "graph launch");
+    cuda_ok(cudaStreamSynchronize(stream), "replay");
+    const IndexerOut replayed = out.download();
+    IndexerCase ce = c;
+    ce.n = lengths;
+    const IndexerOut eager = run_gpu(d, TopkOrder::ByScore, true, 0x3C, Path::CudaSm90);
+    EXPECT_EQ(replayed.indices, eager.indices);
+    EXPECT_EQ(replayed.lengths, eager.lengths);
+    EXPECT_EQ(0, std::memcmp(replayed.scores.data(), eager.scores.data(), 4 * eager.scores.size()));
+    for (int64_t t = 0; t < c.T; ++t) {  // the float64 reference on the shorter rows only
+      if (lengths[t] <= 100000) expect_within_bounds(ce, replayed, t, kFp8Eps);
+    }
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
 }
 
 }  // namespace

@@ -112,11 +112,8 @@ size_t indexer_workspace_size(const IndexerParams& p) {
   return workspace_bytes(p.num_tokens, sp.num_splits, p.topk);
 }
 
-void indexer_topk(const IndexerParams& p, void* workspace) {
-  if (p.num_tokens == 0) return;
-  prepare_device();
-  const IndexerSplits sp =
-      plan_indexer_splits(p.num_tokens, max_candidates(p), cuda::current_device_sms());
+indexer::KernelArgs make_indexer_args(const IndexerParams& p, const IndexerSplits& sp,
+                                      void* workspace) {
   const int32_t H = p.num_heads;
   KernelArgs a{};
   a.num_tokens = p.num_tokens;
@@ -153,17 +150,41 @@ void indexer_topk(const IndexerParams& p, void* workspace) {
   a.scores = p.scores;
   a.scores_stride = p.scores_stride != 0 ? p.scores_stride : p.width;
   a.by_score = p.order == TopkOrder::ByScore ? 1 : 0;
+  return a;
+}
 
+// Many splits (small T): the lists read in parallel, one lane per list; few: one list at a time
+// (each list's first step is then one read, and the lanes kernel's wider steps cut more often).
+constexpr int32_t kLanesMergeMinSplits = 16;
+
+void launch_indexer_merge(const KernelArgs& a, cudaStream_t stream) {
+  const auto grid = static_cast<unsigned>(std::min(a.num_tokens, kMaxGrid));
+  if (a.num_splits >= kLanesMergeMinSplits) {
+    KernelArgs lanes = a;
+    lanes.merge_capacity = merge_lanes_capacity(a.topk);
+    const auto smem = static_cast<size_t>(merge_smem_bytes(lanes.merge_capacity));
+    indexer_merge_lanes_kernel<<<grid, kThreads, smem, stream>>>(lanes);
+    cuda::check_cuda(cudaGetLastError(), "indexer_merge_lanes_kernel launch");
+    return;
+  }
+  const auto merge_smem = static_cast<size_t>(merge_smem_bytes(a.merge_capacity));
+  indexer_merge_kernel<<<grid, kThreads, merge_smem, stream>>>(a);
+  cuda::check_cuda(cudaGetLastError(), "indexer_merge_kernel launch");
+}
+
+void indexer_topk(const IndexerParams& p, void* workspace) {
+  if (p.num_tokens == 0) return;
+  prepare_device();
+  const IndexerSplits sp =
+      plan_indexer_splits(p.num_tokens, max_candidates(p), cuda::current_device_sms());
+  const KernelArgs a = make_indexer_args(p, sp, workspace);
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   const int64_t items = p.num_tokens * sp.num_splits;
-  const auto score_smem = static_cast<size_t>(score_smem_bytes(a.score_capacity, H));
+  const auto score_smem = static_cast<size_t>(score_smem_bytes(a.score_capacity, p.num_heads));
   indexer_score_kernel<<<static_cast<unsigned>(std::min(items, kMaxGrid)), kThreads, score_smem,
                          stream>>>(a);
   cuda::check_cuda(cudaGetLastError(), "indexer_score_kernel launch");
-  const auto merge_smem = static_cast<size_t>(merge_smem_bytes(a.merge_capacity));
-  indexer_merge_kernel<<<static_cast<unsigned>(std::min(p.num_tokens, kMaxGrid)), kThreads,
-                         merge_smem, stream>>>(a);
-  cuda::check_cuda(cudaGetLastError(), "indexer_merge_kernel launch");
+  launch_indexer_merge(a, stream);
 }
 
 }  // namespace sparsemla::cuda_generic

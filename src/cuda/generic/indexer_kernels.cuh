@@ -1,153 +1,12 @@
-// src/cuda/generic/indexer_kernels.cuh: the device side of the CUDA generic indexer (CONTRACT 11):
-// kernel arguments, shared-memory layout, the score and merge kernels. Included by indexer.cu
-// only (which launches them); the schedule and why it is exact are in that file's header and in
+// src/cuda/generic/indexer_kernels.cuh: the CUDA generic indexer's kernels (CONTRACT 11): score
+// and merge. Included by indexer.cu only (which launches them); arguments and layout in
+// indexer_args.cuh; the schedule and why it is exact are in indexer.cu's header and in
 // docs/INDEXER.md.
 #pragma once
 
-#include <cuda_runtime.h>
-
-#include <algorithm>
-#include <cstdint>
-
-#include "cuda/generic/indexer_select.cuh"
-#include "sparsemla/format.h"
-#include "sparsemla/indexer.h"
-#include "sparsemla/numerics.h"
+#include "cuda/generic/indexer_args.cuh"
 
 namespace sparsemla::cuda_generic::indexer {
-
-constexpr int kThreads = 256;
-constexpr int kDim = kIndexerHeadDim;  // 128
-constexpr int kLanes = 16;             // partial sums of a dot (the CPU's kLanes)
-constexpr int kTile = 32;              // entries staged per step
-constexpr int kRuns = kDim / 16;       // 16-byte runs of an entry's values: 8
-constexpr int kTileStride = kDim + 4;  // floats per staged entry: 16-byte rows, banks staggered
-static_assert(kTile * kRuns == kThreads, "one 16-byte run per thread stages a tile");
-
-struct KernelArgs {
-  int64_t num_tokens;
-  int32_t num_heads;
-  const uint8_t* q;
-  int64_t q_stride_token;  // bytes
-  int64_t q_stride_head;   // bytes
-  const float* w;
-  int64_t w_stride_token;  // elements
-  const uint8_t* cache;
-  int64_t num_blocks;
-  int64_t block_stride;
-  int32_t block_size;
-  int32_t shuffle;
-  const int32_t* block_table;
-  int64_t block_table_stride;
-  int32_t block_table_width;
-  int64_t num_requests;
-  const int32_t* row_request;
-  const int32_t* num_candidates;
-  int32_t topk;
-  int32_t always_scored;  // ByScore or scores requested: keys are read even when n'_t <= k
-  int32_t num_splits;
-  int64_t chunk;
-  int32_t score_capacity;  // words of the score kernel's buffer
-  int32_t merge_capacity;  // words of the merge kernel's buffer
-  uint64_t* ws_pairs;      // [T, S, k]
-  int32_t* ws_counts;      // [T, S]
-  int32_t* indices;
-  int64_t indices_stride;
-  int32_t width;
-  int32_t* lengths;
-  float* scores;
-  int64_t scores_stride;
-  int32_t by_score;
-};
-
-// ---- shared memory -----------------------------------------------------------------------------
-// Score kernel: buffer words | TopkState | staged values [kTile][kTileStride] | weighted relus
-// [kTile][H + 1] | scales [kTile] | indices [kTile] (-1: not a candidate). Every part is a multiple
-// of 16 bytes long.
-__host__ __device__ constexpr int64_t score_smem_values_offset(int32_t capacity) {
-  return int64_t{capacity} * 8 + int64_t{sizeof(TopkState)};
-}
-__host__ __device__ constexpr int64_t score_smem_bytes(int32_t capacity, int32_t heads) {
-  return score_smem_values_offset(capacity) + int64_t{kTile} * kTileStride * 4 +
-         int64_t{kTile} * (heads + 1) * 4 + int64_t{kTile} * 8;
-}
-constexpr int64_t merge_smem_bytes(int32_t capacity) {
-  return int64_t{capacity} * 8 + int64_t{sizeof(TopkState)};
-}
-static_assert(sizeof(TopkState) == 16, "16-byte parts keep the float4 rows aligned");
-
-inline int32_t pow2_at_least(int64_t n) {
-  int32_t p = 1;
-  while (p < n) p <<= 1;
-  return p;
-}
-// Buffers hold k plus one step of appends (a tile in the score kernel, a block of list words in
-// the merge).
-inline int32_t score_capacity(int32_t k) {
-  return std::max(64, pow2_at_least(int64_t{k} + kTile));
-}
-inline int32_t merge_capacity(int32_t k) {
-  return pow2_at_least(int64_t{k} + kThreads);
-}
-
-// ---- device helpers ----------------------------------------------------------------------------
-// 16 bytes at src (any alignment), as four little-endian words.
-__device__ __forceinline__ void load16(const uint8_t* src, uint32_t (&w)[4]) {
-  if ((reinterpret_cast<uintptr_t>(src) & 15) == 0) {
-    const uint4 v = __ldg(reinterpret_cast<const uint4*>(src));
-    w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
-    return;
-  }
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    w[i] = 0;
-#pragma unroll
-    for (int b = 0; b < 4; ++b) w[i] |= static_cast<uint32_t>(__ldg(src + 4 * i + b)) << (8 * b);
-  }
-}
-
-__device__ __forceinline__ float e4m3_byte(uint32_t word, int b) {
-  return e4m3_to_float(static_cast<uint8_t>(word >> (8 * b)));
-}
-
-// The fp32 scale of an entry (the scale plane is unaligned for page strides not a multiple of 4).
-__device__ __forceinline__ float load_scale(const uint8_t* src) {
-  if ((reinterpret_cast<uintptr_t>(src) & 3) == 0)
-    return __ldg(reinterpret_cast<const float*>(src));
-  uint32_t u = 0;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) u |= static_cast<uint32_t>(__ldg(src + i)) << (8 * i);
-  return __uint_as_float(u);
-}
-
-// CONTRACT 11.2 dot of one head's query (registers) with one staged entry, in the CPU's order.
-__device__ __forceinline__ float dot_cpu_order(const float (&qv)[kDim], const float* k_row) {
-  float lane[kLanes];
-#pragma unroll
-  for (int l = 0; l < kLanes; ++l) lane[l] = 0.0f;
-#pragma unroll
-  for (int d = 0; d < kDim; d += kLanes) {
-#pragma unroll
-    for (int l = 0; l < kLanes; l += 4) {
-      const float4 k4 = *reinterpret_cast<const float4*>(k_row + d + l);
-      // Exact products: fmaf rounds once, as the CPU's lane += q * k does.
-      lane[l + 0] = fmaf(qv[d + l + 0], k4.x, lane[l + 0]);
-      lane[l + 1] = fmaf(qv[d + l + 1], k4.y, lane[l + 1]);
-      lane[l + 2] = fmaf(qv[d + l + 2], k4.z, lane[l + 2]);
-      lane[l + 3] = fmaf(qv[d + l + 3], k4.w, lane[l + 3]);
-    }
-  }
-  // The CPU's tree: widths 8, 4, 2, 1 (spelled out: a loop over widths kept lane[] in local
-  // memory).
-  static_assert(kLanes == 16, "the tree below is for 16 lanes");
-#pragma unroll
-  for (int l = 0; l < 8; ++l) lane[l] = __fadd_rn(lane[l], lane[l + 8]);
-#pragma unroll
-  for (int l = 0; l < 4; ++l) lane[l] = __fadd_rn(lane[l], lane[l + 4]);
-#pragma unroll
-  for (int l = 0; l < 2; ++l) lane[l] = __fadd_rn(lane[l], lane[l + 2]);
-  return __fadd_rn(lane[0], lane[1]);
-}
 
 // ---- score kernel ------------------------------------------------------------------------------
 __global__ void __launch_bounds__(kThreads, 1) indexer_score_kernel(const KernelArgs a) {
@@ -286,6 +145,80 @@ __global__ void __launch_bounds__(kThreads) indexer_merge_kernel(const KernelArg
         if (rank(part[base]) <= top.st->theta) break;  // CTA-uniform
         if (base + tid < m) top.offer(part[base + tid]);
         __syncthreads();
+      }
+    }
+    top.cut();
+    const int32_t len = top.st->count;  // min(k, |C_t|)
+    if (a.by_score == 0) {
+      const int32_t P = indexer::next_pow2(len);
+      for (int32_t i = len + tid; i < P; i += kThreads) top.buf[i] = kSentinel;
+      __syncthreads();
+      indexer::block_sort_descending(top.buf, P, indexer::IndexWord{});
+    }
+    int32_t* idx = a.indices + t * a.indices_stride;
+    float* sc = a.scores != nullptr ? a.scores + t * a.scores_stride : nullptr;
+    const float neg_inf = __uint_as_float(0xFF800000u);
+    for (int32_t i = tid; i < a.width; i += kThreads) {
+      const bool sel = i < len;
+      const uint64_t e = sel ? top.buf[i] : kSentinel;
+      idx[i] = sel ? static_cast<int32_t>(indexer::packed_index(e)) : -1;
+      if (sc != nullptr) sc[i] = sel ? indexer::packed_score(e) : neg_inf;
+    }
+    if (tid == 0 && a.lengths != nullptr) a.lengths[t] = len;
+    __syncthreads();
+  }
+}
+
+// ---- merge kernel for many splits
+// ---------------------------------------------------------------- The same selection with the
+// lists read in parallel: lane s of a 256-list round owns list base + s and offers
+// kMergeWordsPerLane words of it per step (both loads issued before either is used); a list leaves
+// at its first word that cannot enter (sorted by rank, so none after it can). A step is one
+// dependent read for all 256 lists instead of one per list: at T = 1 and S = 2 CU = 264 lists the
+// sequential kernel above pays ~264 L2 round trips, this one ~4-6 (random data). Same output, bit
+// for bit: the selection of the first min(k, |C_t|) of a total order is unique.
+constexpr int kMergeWordsPerLane = 2;
+inline int32_t merge_lanes_capacity(int32_t k) {
+  return pow2_at_least(int64_t{k} + int64_t{kThreads} * kMergeWordsPerLane);
+}
+
+__global__ void __launch_bounds__(kThreads) indexer_merge_lanes_kernel(const KernelArgs a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const TopkBuffer top{reinterpret_cast<uint64_t*>(smem),
+                       reinterpret_cast<TopkState*>(smem + int64_t{a.merge_capacity} * 8),
+                       a.merge_capacity, a.topk};
+  const int tid = threadIdx.x;
+  const indexer::RankWord rank;
+  for (int64_t t = blockIdx.x; t < a.num_tokens; t += gridDim.x) {
+    top.reset();  // the previous row ended with a barrier
+    for (int32_t base = 0; base < a.num_splits; base += kThreads) {
+      const int32_t s = base + tid;
+      const int64_t item = t * a.num_splits + s;
+      const int32_t m = s < a.num_splits ? a.ws_counts[item] : 0;  // <= k
+      const uint64_t* part = a.ws_pairs + item * a.topk;
+      int32_t pos = 0;
+      for (;;) {
+        top.reserve(kThreads * kMergeWordsPerLane);
+        bool more = false;
+        if (pos < m) {
+          uint64_t w[kMergeWordsPerLane];
+#pragma unroll
+          for (int v = 0; v < kMergeWordsPerLane; ++v)
+            w[v] = pos + v < m ? part[pos + v] : kSentinel;
+          const uint64_t theta = top.st->theta;  // stable between reserve and the next barrier
+#pragma unroll
+          for (int v = 0; v < kMergeWordsPerLane; ++v) {
+            if (pos >= m) break;
+            if (rank(w[v]) <= theta) {
+              pos = m;  // sorted: nothing after this word can enter
+              break;
+            }
+            top.offer(w[v]);
+            ++pos;
+          }
+          more = pos < m;
+        }
+        if (__syncthreads_or(more) == 0) break;  // also orders the appends before the reserve
       }
     }
     top.cut();

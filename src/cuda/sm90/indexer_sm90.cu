@@ -1,0 +1,430 @@
+// src/cuda/sm90/indexer_sm90.cu: the Hopper lightning-indexer decode (CONTRACT 11), FP8 tensor
+// cores (sm_90a). Design and numbers: docs/INDEXER.md ("Hopper path").
+//
+// The schedule, workspace and merge are the generic path's (src/cuda/generic/indexer.cu): work
+// items (row t, split s) over a grid-stride loop, each split's exact local top-k published sorted
+// in the workspace, then the generic merge kernel per row. What differs is the score kernel:
+//  - one warpgroup (128 threads) per CTA, several CTAs per SM (shared memory ~50-75 KB each);
+//  - tiles of 64 entries: each thread copies 4 of an entry's 16-byte runs (cp.async, zero-filled
+//    for entries that are not candidates) and the entry's fp32 scale into a kStages-deep ring,
+//    kStages - 1 tiles ahead; the page ids of the tile after that are loaded into registers one
+//    iteration earlier, so no issue waits on the block table;
+//  - the row's query [H, 128] e4m3 stays in shared memory; per tile 4 x wgmma m64nNk32 e4m3 x e4m3
+//    with fp32 accumulators give dot[entry][head] (N = 64 or 128 padded heads, zero q and w);
+//  - ReLU, the weight and the head sum run on the accumulators (each thread's 2 rows x N / 4
+//    columns, then the 4 lanes of a row by shuffles), then the entry's scale; lane 0 of a row
+//    offers (score, j) to the split's top-k buffer (cuda/generic/indexer_select.cuh).
+// Accuracy: the tensor cores accumulate e4m3 products with ~14-bit alignment over 4 MMA steps of
+// 32 products, hence CONTRACT 11.7's eps = 2^-9 for this path (the generic path is bit-identical
+// to the CPU). On exact-arithmetic data (11.7) every sum is exact, so scores, selections and
+// orders equal the CPU's bit for bit there too.
+//
+// Preconditions (checked by cuda_sm90::indexer_supported before dispatch): a device that runs the
+// sm_90a cubin, H <= 128, a 16-byte aligned cache base and block stride (cp.async of 16-byte
+// runs; the scale plane is then 4-byte aligned).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <limits>
+#include <mutex>
+#include <string>
+
+#include "cuda/common/decode_common.cuh"
+#include "cuda/common/device_info.h"
+#include "cuda/generic/indexer_args.cuh"
+#include "cuda/generic/indexer_backend.h"
+#include "cuda/sm90/indexer_sm90_backend.h"
+#include "cuda/sm90/sm90_backend.h"
+#include "cuda/sm90/wgmma.cuh"
+#include "sparsemla/error.h"
+#include "sparsemla/format.h"
+
+namespace sparsemla::cuda_sm90 {
+
+namespace {
+
+using cuda_generic::IndexerSplits;
+using cuda_generic::indexer::KernelArgs;
+using cuda_generic::indexer::TopkBuffer;
+using cuda_generic::indexer::TopkState;
+
+constexpr int kThreads = 128;  // one warpgroup
+constexpr int kTile = 64;      // entries per tile: the wgmma's M
+constexpr int kDim = kIndexerHeadDim;
+constexpr int kRunsPerThread = 4;  // 16-byte runs of an entry per thread: 2 threads per entry
+constexpr int kStages = 5;         // tiles in the ring: 4 in flight, ~34 KB per CTA
+static_assert(kTile * (kDim / 16) == kThreads * kRunsPerThread, "a tile's runs over the CTA");
+constexpr int kTileBytes = kTile * kDim;  // 8 KiB of e4m3 values
+constexpr int64_t kMinTilesPerSplit = 4;
+constexpr int64_t kMaxSplits = 1024;
+constexpr int64_t kMaxGrid = std::numeric_limits<int32_t>::max();
+
+// Buffer words: k plus one tile of appends, a power of two.
+int32_t score_capacity(int32_t k) {
+  int32_t c = 64;
+  while (c < k + kTile) c <<= 1;
+  return c;
+}
+
+// ---- shared memory
+// ------------------------------------------------------------------------------- Q [kN x 128 e4m3]
+// | K ring [kStages][64 x 128 e4m3] | scales [kStages][64] | indices [kStages][64] | w [kN] |
+// buffer words [capacity] | TopkState. Operands in the no-swizzle canonical layout
+// (cuda/sm90/wgmma.cuh): 16-byte run c of row r at ((c * rows / 8) + r / 8) * 128
+// + (r % 8) * 16, so a k-step (32 bytes: runs 2ks, 2ks + 1) starts 2ks * rows * 16 bytes in, LBO =
+// rows * 16 (the next run), SBO = 128 (the next 8 rows).
+struct Layout {
+  int64_t q, k, scale, index, w, buf, state, bytes;
+};
+__host__ __device__ constexpr Layout layout(int32_t kN, int32_t capacity) {
+  Layout l{};
+  l.q = 0;
+  l.k = l.q + int64_t{kN} * kDim;
+  l.scale = l.k + int64_t{kStages} * kTileBytes;
+  l.index = l.scale + int64_t{kStages} * kTile * 4;
+  l.w = l.index + int64_t{kStages} * kTile * 4;
+  l.buf = l.w + int64_t{kN} * 4;
+  l.state = l.buf + int64_t{capacity} * 8;
+  l.bytes = l.state + int64_t{sizeof(TopkState)};
+  return l;
+}
+// ---- device helpers (sm_90a device code only) ---------------------------------------------------
+#ifdef SPARSEMLA_SM90A_DEVICE
+__device__ __forceinline__ uint32_t operand_offset(int32_t rows, int32_t r, int32_t run) {
+  return static_cast<uint32_t>(((run * (rows / 8)) + r / 8) * 128 + (r % 8) * 16);
+}
+
+// 16 bytes from global memory, or 16 zero bytes (src_bytes = 0: nothing is read).
+__device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void* src, uint32_t bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async4_zfill(uint32_t dst, const void* src, uint32_t bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(bytes)
+               : "memory");
+}
+
+// d (+)= A (64 x 32 e4m3, shared, K-major) . B (32 x kN e4m3, shared, K-major); accumulate when
+// acc != 0. FP8 operands are K-major only (no transpose immediates).
+template <int kN>
+__device__ __forceinline__ void wgmma_e4m3(float (&d)[kN / 2], uint64_t a_desc, uint64_t b_desc,
+                                           int acc);
+
+template <>
+__device__ __forceinline__ void wgmma_e4m3<64>(float (&d)[32], uint64_t a_desc, uint64_t b_desc,
+                                               int acc) {
+#ifdef SPARSEMLA_SM90A_DEVICE
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(a_desc), "l"(b_desc), "r"(acc));
+#endif
+}
+
+template <>
+__device__ __forceinline__ void wgmma_e4m3<128>(float (&d)[64], uint64_t a_desc, uint64_t b_desc,
+                                                int acc) {
+#ifdef SPARSEMLA_SM90A_DEVICE
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
+      "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
+      "%56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
+      : "l"(a_desc), "l"(b_desc), "r"(acc));
+#endif
+}
+
+// What one thread copies of a tile: entry e = tid / 2, runs [4 * (tid % 2), +4), and (tid even)
+// the entry's scale and candidate index.
+struct TileIssue {
+  const uint8_t* page;  // the entry's page, or null (not a candidate: zero fill, index -1)
+  int32_t row;          // row inside the page
+  int32_t cand;         // local index j, or -1
+};
+
+__device__ __forceinline__ TileIssue locate(const KernelArgs& a, const int32_t* table_row,
+                                            int64_t j, int64_t end) {
+  TileIssue it{nullptr, 0, -1};
+  if (j >= end) return it;
+  const int32_t block = __ldg(table_row + j / a.block_size);
+  if (block < 0 || block >= a.num_blocks) return it;
+  it.page = a.cache + int64_t{block} * a.block_stride;
+  it.row = static_cast<int32_t>(j % a.block_size);
+  it.cand = static_cast<int32_t>(j);  // j < n'_t <= INT32_MAX
+  return it;
+}
+
+#endif  // SPARSEMLA_SM90A_DEVICE
+
+// ---- score kernel
+// --------------------------------------------------------------------------------
+template <int kN>
+__global__ void __launch_bounds__(kThreads) indexer_sm90_score_kernel(const KernelArgs a) {
+#ifdef SPARSEMLA_SM90A_DEVICE
+  extern __shared__ __align__(128) unsigned char smem[];
+  const Layout L = layout(kN, a.score_capacity);
+  uint8_t* q_s = smem + L.q;
+  float* scale_s = reinterpret_cast<float*>(smem + L.scale);
+  int32_t* index_s = reinterpret_cast<int32_t*>(smem + L.index);
+  float* w_s = reinterpret_cast<float*>(smem + L.w);
+  const TopkBuffer top{reinterpret_cast<uint64_t*>(smem + L.buf),
+                       reinterpret_cast<TopkState*>(smem + L.state), a.score_capacity, a.topk};
+  const uint32_t q_addr = cuda::smem_u32(q_s);
+  const uint32_t k_addr = cuda::smem_u32(smem + L.k);
+  const uint32_t scale_addr = cuda::smem_u32(scale_s);
+
+  const int tid = threadIdx.x;
+  const int e_issue = tid / 2, run0 = (tid % 2) * kRunsPerThread;
+  const IndexerLayout kv_layout = a.shuffle ? IndexerLayout::Shuffle : IndexerLayout::Normal;
+  const int32_t H = a.num_heads;
+  const int64_t table_capacity = int64_t{a.block_table_width} * a.block_size;
+  const int64_t items = a.num_tokens * a.num_splits;
+
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const int64_t t = item / a.num_splits;
+    const int64_t s = item % a.num_splits;
+    const int32_t r = __ldg(a.row_request + t);
+    const bool live = r >= 0 && r < a.num_requests;
+    int64_t n = live ? __ldg(a.num_candidates + t) : 0;
+    n = n < 0 ? 0 : (n > table_capacity ? table_capacity : n);
+    const int64_t begin = s * a.chunk;
+    const int64_t end = min(n, begin + a.chunk);
+    if (begin >= end) {  // CTA-uniform; no shared memory touched
+      if (tid == 0) a.ws_counts[item] = 0;
+      continue;
+    }
+    // 11.3: with n'_t <= k every candidate is selected; keys are read only for scores or ranks.
+    const bool scored = a.always_scored != 0 || n > a.topk;
+    const int32_t* table_row = a.block_table + int64_t{r} * a.block_table_stride;
+    const int64_t tiles = (end - begin + kTile - 1) / kTile;
+
+    if (scored) {  // the row's query (zero rows past H) and weights (0 past H)
+      const uint8_t* q_row = a.q + t * a.q_stride_token;
+      for (int i = tid; i < kN * (kDim / 16); i += kThreads) {
+        const int h = i / (kDim / 16), run = i % (kDim / 16);
+        uint32_t wd[4] = {0, 0, 0, 0};
+        if (h < H)
+          cuda_generic::indexer::load16(q_row + int64_t{h} * a.q_stride_head + 16 * run, wd);
+        *reinterpret_cast<uint4*>(q_s + operand_offset(kN, h, run)) =
+            make_uint4(wd[0], wd[1], wd[2], wd[3]);
+      }
+      for (int h = tid; h < kN; h += kThreads)
+        w_s[h] = h < H ? __ldg(a.w + t * a.w_stride_token + h) : 0.0f;
+    }
+    top.reset();  // barrier: the previous item's reads of the buffer and the ring are done
+
+    // Issue of tile i into stage i % kStages; `next` holds the located entry of tile i, found one
+    // iteration before its issue.
+    auto issue = [&](int64_t i, const TileIssue& it) {
+      if (i < tiles) {
+        const int stage = static_cast<int>(i % kStages);
+        if (scored) {
+          const uint32_t bytes = it.page != nullptr ? 16u : 0u;
+          const uint32_t k_stage = k_addr + stage * kTileBytes;
+#pragma unroll
+          for (int c = 0; c < kRunsPerThread; ++c) {
+            const int run = run0 + c;
+            const uint8_t* src = it.page != nullptr ? it.page + indexer_value_offset_in_page(
+                                                                    kv_layout, it.row, 16 * run)
+                                                    : a.cache;
+            cp_async16_zfill(k_stage + operand_offset(kTile, e_issue, run), src, bytes);
+          }
+          if (run0 == 0) {
+            const uint8_t* src = it.page != nullptr
+                                     ? it.page + indexer_scale_offset_in_page(a.block_size, it.row)
+                                     : a.cache;
+            cp_async4_zfill(scale_addr + (stage * kTile + e_issue) * 4, src,
+                            it.page != nullptr ? 4u : 0u);
+          }
+        }
+        if (run0 == 0) index_s[stage * kTile + e_issue] = it.cand;
+      }
+      cuda::cp_async_commit();  // one group per call, empty or not: wait_group counts stay uniform
+    };
+    auto locate_tile = [&](int64_t i) {
+      return i < tiles ? locate(a, table_row, begin + i * kTile + e_issue, end)
+                       : TileIssue{nullptr, 0, -1};
+    };
+
+#pragma unroll 1
+    for (int64_t i = 0; i < kStages - 1; ++i) issue(i, locate_tile(i));
+    TileIssue next = locate_tile(kStages - 1);
+
+#pragma unroll 1
+    for (int64_t i = 0; i < tiles; ++i) {
+      const int stage = static_cast<int>(i % kStages);
+      cuda::cp_async_wait<kStages - 2>();  // this thread's copies of tile i landed
+      fence_proxy_async();                 // ... and are visible to the wgmma (async proxy)
+      __syncthreads();  // everyone's copies of tile i; tile i - 1's stage is free; count stable
+      issue(i + kStages - 1, next);
+      next = locate_tile(i + kStages);
+      top.reserve(kTile);
+
+      float score0 = 0.0f, score1 = 0.0f;  // rows e0 = 16 warp + lane / 4 and e0 + 8
+      const int e0 = 16 * (tid / 32) + (tid % 32) / 4;
+      if (scored) {
+        float d[kN / 2];
+#pragma unroll
+        for (int x = 0; x < kN / 2; ++x) d[x] = 0.0f;
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < kDim / 32; ++ks) {
+          const uint64_t a_desc =
+              smem_desc(k_addr + stage * kTileBytes + 2 * ks * kTile * 16, kTile * 16, 128);
+          const uint64_t b_desc = smem_desc(q_addr + 2 * ks * kN * 16, kN * 16, 128);
+          wgmma_e4m3<kN>(d, a_desc, b_desc, ks);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_fence_operands(d);
+        // Accumulator fragment: d[4j + {0, 1}] = (e0, 8j + 2 (lane % 4) + {0, 1}), d[4j + {2, 3}]
+        // = (e0 + 8, the same heads).
+        const int hc = 2 * (tid % 4);
+        float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kN / 8; ++j) {
+          const float w0 = w_s[8 * j + hc], w1 = w_s[8 * j + hc + 1];
+          const float x0 = d[4 * j + 0], x1 = d[4 * j + 1], x2 = d[4 * j + 2], x3 = d[4 * j + 3];
+          // ReLU as the CPU writes it: NaN stays NaN.
+          sum0 += w0 * (x0 < 0.0f ? 0.0f : x0) + w1 * (x1 < 0.0f ? 0.0f : x1);
+          sum1 += w0 * (x2 < 0.0f ? 0.0f : x2) + w1 * (x3 < 0.0f ? 0.0f : x3);
+        }
+        sum0 += __shfl_xor_sync(0xFFFFFFFFu, sum0, 1);
+        sum1 += __shfl_xor_sync(0xFFFFFFFFu, sum1, 1);
+        sum0 += __shfl_xor_sync(0xFFFFFFFFu, sum0, 2);
+        sum1 += __shfl_xor_sync(0xFFFFFFFFu, sum1, 2);
+        score0 = scale_s[stage * kTile + e0] * sum0;
+        score1 = scale_s[stage * kTile + e0 + 8] * sum1;
+      }
+      if (tid % 4 == 0) {
+        const int32_t j0 = index_s[stage * kTile + e0], j1 = index_s[stage * kTile + e0 + 8];
+        if (j0 >= 0) top.offer(cuda_generic::indexer::pack(score0, static_cast<uint32_t>(j0)));
+        if (j1 >= 0) top.offer(cuda_generic::indexer::pack(score1, static_cast<uint32_t>(j1)));
+      }
+      // The next iteration's barrier orders these appends before its reserve.
+    }
+    cuda::cp_async_wait_all();  // the trailing empty groups
+    __syncthreads();            // appends done
+    top.cut();                  // sorted by rank, count = min(count, k)
+    const int32_t kept = top.st->count;
+    uint64_t* out = a.ws_pairs + item * a.topk;
+    for (int32_t i = tid; i < kept; i += kThreads) out[i] = top.buf[i];
+    if (tid == 0) a.ws_counts[item] = kept;
+    __syncthreads();  // the buffer is read before the next item resets it
+  }
+#else
+  (void)a;
+#endif
+}
+
+// ---- host side ---------------------------------------------------------------------------------
+int64_t max_candidates(const IndexerParams& p) {
+  return int64_t{p.block_table_width} * p.cache.block_size;
+}
+
+int32_t padded_heads(int32_t H) {
+  return H <= 64 ? 64 : 128;
+}
+
+// Every instantiation's largest shared memory (k = 2048) is opted in once per device.
+void prepare_device() {
+  constexpr int kMaxDevices = 64;
+  static std::array<std::once_flag, kMaxDevices> once;
+  int dev = 0;
+  cuda::check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  SPARSEMLA_CHECK_ARG(dev >= 0 && dev < kMaxDevices, "indexer_topk", "device", "< 64", dev);
+  std::call_once(once[dev], [] {
+    const int cap = score_capacity(kIndexerMaxTopk);
+    cuda::check_cuda(cudaFuncSetAttribute(indexer_sm90_score_kernel<64>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(layout(64, cap).bytes)),
+                     "cudaFuncSetAttribute(indexer_sm90_score_kernel<64>)");
+    cuda::check_cuda(cudaFuncSetAttribute(indexer_sm90_score_kernel<128>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(layout(128, cap).bytes)),
+                     "cudaFuncSetAttribute(indexer_sm90_score_kernel<128>)");
+  });
+}
+
+size_t workspace_bytes(int64_t T, int32_t S, int32_t k) {
+  const int64_t items = T * S;
+  const int64_t counts = (items * 4 + 7) / 8 * 8;
+  return static_cast<size_t>(items * k * 8 + counts);
+}
+
+}  // namespace
+
+IndexerSplits plan_indexer_splits_sm90(int64_t num_tokens, int64_t max_candidates, int32_t sms) {
+  // As the generic path (about 2 * CU items, CONTRACT 11.5), in 64-entry tiles, splits of at least
+  // kMinTilesPerSplit tiles, none empty at the full width.
+  const int64_t tiles = std::max<int64_t>(1, (max_candidates + kTile - 1) / kTile);
+  const int64_t T = std::max<int64_t>(1, num_tokens);
+  const int64_t want = (2 * int64_t{std::max(sms, 1)} + T - 1) / T;
+  const int64_t most = std::min(kMaxSplits, (tiles + kMinTilesPerSplit - 1) / kMinTilesPerSplit);
+  const int64_t S0 = std::clamp<int64_t>(want, 1, std::max<int64_t>(1, most));
+  const int64_t per = (tiles + S0 - 1) / S0;
+  IndexerSplits out;
+  out.num_splits = static_cast<int32_t>((tiles + per - 1) / per);
+  out.chunk = per * kTile;
+  return out;
+}
+
+std::string indexer_unsupported_reason(const IndexerParams& p) {
+  if (!have_sm90a_kernels()) return "a device running this build's sm_90a kernels (cc 9.0)";
+  if (p.num_heads > 128) return "num_heads <= 128";
+  const auto base = reinterpret_cast<uintptr_t>(p.cache.base);
+  if (base % 16 != 0 || p.cache.block_stride % 16 != 0)
+    return "a 16-byte aligned cache base and block_stride";
+  return {};
+}
+
+size_t indexer_workspace_size(const IndexerParams& p) {
+  if (p.num_tokens == 0) return 0;
+  const IndexerSplits sp =
+      plan_indexer_splits_sm90(p.num_tokens, max_candidates(p), cuda::current_device_sms());
+  return workspace_bytes(p.num_tokens, sp.num_splits, p.topk);
+}
+
+void indexer_topk(const IndexerParams& p, void* workspace) {
+  if (p.num_tokens == 0) return;
+  prepare_device();
+  const IndexerSplits sp =
+      plan_indexer_splits_sm90(p.num_tokens, max_candidates(p), cuda::current_device_sms());
+  KernelArgs a = cuda_generic::make_indexer_args(p, sp, workspace);
+  a.score_capacity = score_capacity(p.topk);
+  const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+  const int64_t items = p.num_tokens * sp.num_splits;
+  const int32_t kN = padded_heads(p.num_heads);
+  const auto smem = static_cast<size_t>(layout(kN, a.score_capacity).bytes);
+  const auto grid = static_cast<unsigned>(std::min(items, kMaxGrid));
+  if (kN == 64) {
+    indexer_sm90_score_kernel<64><<<grid, kThreads, smem, stream>>>(a);
+  } else {
+    indexer_sm90_score_kernel<128><<<grid, kThreads, smem, stream>>>(a);
+  }
+  cuda::check_cuda(cudaGetLastError(), "indexer_sm90_score_kernel launch");
+  cuda_generic::launch_indexer_merge(a, stream);
+}
+
+}  // namespace sparsemla::cuda_sm90
