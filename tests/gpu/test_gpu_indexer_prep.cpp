@@ -4,8 +4,8 @@
 // indexer_prep.cu), so every output is identical: e4m3 bytes byte for byte, weights bit for bit
 // (NaN compared as NaN: its payload differs between host and device arithmetic). Random inputs at
 // model magnitudes for H in {1, 16, 64, 128}, dense and strided; the exponent edges of CONTRACT
-// 11.8.8 (the CPU test's generator, tests/cpp/reference/indexer_prep_reference.h); padding rows
-// and positions past the table (device values: a padding row, where the CPU rejects the call);
+// 11.8 (item 8; the CPU test's generator, tests/cpp/reference/indexer_prep_reference.h); padding
+// rows and positions past the table (device values: a padding row, where the CPU rejects the call);
 // CUDA-graph replay with changed positions and queries; rejected calls write nothing. Every device
 // output is poisoned first, with the CPU's output buffers poisoned alike, and whole buffers are
 // compared, so the gaps of strided outputs show any write outside the rows.
@@ -147,11 +147,11 @@ TEST(GpuIndexerPrepGeneric, RandomModelMagnitudesBitIdenticalToCpuH1H16H64H128De
   expect_gpu_equals_cpu(c, "auto", Path::Auto);
 }
 
-// The exponent edges of CONTRACT 11.8.8 (amax below 1e-4, exactly 448 * 2^k, one bf16 ulp above,
-// all zero, NaN, +inf, -inf with w_raw 0), then padding rows (negative positions) and positions
-// at and past the end of the table (device values: written as padding rows; the CPU, which rejects
-// them, is given -1 there), dense and strided; also odd strides that defeat the kernel's vector
-// loads and stores (q rows at 2-byte, outputs at 1-byte alignment).
+// The exponent edges of CONTRACT 11.8 (item 8) (amax below 1e-4, exactly 448 * 2^k, one bf16 ulp
+// above, all zero, NaN, +inf, -inf with w_raw 0), then padding rows (negative positions) and
+// positions at and past the end of the table (device values: written as padding rows; the CPU,
+// which rejects them, is given -1 there), dense and strided; also odd strides that defeat the
+// kernel's vector loads and stores (q rows at 2-byte, outputs at 1-byte alignment).
 TEST(GpuIndexerPrepGeneric, ExponentEdgesPaddingRowsAndOutOfTablePositionsBitIdenticalToCpuH4) {
   const uint64_t seed = fresh_seed();
   SPARSEMLA_SEED_TRACE(seed);

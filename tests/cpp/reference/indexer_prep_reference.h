@@ -181,10 +181,10 @@ inline void expected_row(PrepCase& c, int64_t t, int h, uint8_t (&bytes)[kPrepDi
   w = (scaled * static_cast<float>(1 / std::sqrt(128.0))) * 0.125f;
 }
 
-// The exponent edges of CONTRACT 11.8.8 in rows 0..5 of c (T >= 6, H >= 3; exponents grow with h,
-// so H <= 4 keeps them finite): every position 0 (cos 1, sin 0: values pass unrotated); row 0 amax
-// below the 1e-4 floor, row 1 exactly 448 * 2^k, row 2 one bf16 ulp above 448 * 2^k, row 3 all
-// zero, row 4 a large negative amax among small values, row 5 a NaN (ignored by amax, stored as
+// The exponent edges of CONTRACT 11.8 (item 8) in rows 0..5 of c (T >= 6, H >= 3; exponents grow
+// with h, so H <= 4 keeps them finite): every position 0 (cos 1, sin 0: values pass unrotated); row
+// 0 amax below the 1e-4 floor, row 1 exactly 448 * 2^k, row 2 one bf16 ulp above 448 * 2^k, row 3
+// all zero, row 4 a large negative amax among small values, row 5 a NaN (ignored by amax, stored as
 // -448), +inf (e = +inf, w = +-inf) and -inf with w_raw 0 (w = NaN).
 inline void fill_exponent_edges(PrepCase& c) {
   for (int64_t t = 0; t < c.T; ++t) c.pos[t] = 0;  // cos 1, sin 0: values pass unrotated
