@@ -51,9 +51,11 @@ struct DevicePrep {
         w_raw(to_device(c.w_raw)),
         q_out(to_device(c.q_out)),
         w_out(to_device(c.w_out)) {}
+  // The outputs back to the poison (not to c's buffers: run_cpu overwrites those with results).
   void poison(const PrepCase& c) {
-    q_out.upload(c.q_out.data(), c.q_out.size());
-    w_out.upload(c.w_out.data(), c.w_out.size() * 4);
+    q_out.fill(kPoisonByte);
+    const std::vector<float> w(c.w_out.size(), kPoisonWeight);
+    w_out.upload(w.data(), w.size() * 4);
   }
   IndexerQPrepParams params(PrepCase& c, Path path = Path::CudaGeneric) const {
     IndexerQPrepParams p = c.params();
