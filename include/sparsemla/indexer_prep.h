@@ -6,8 +6,11 @@
 // CONTRACT 1 in fp32, rounded to bf16); amax = max(fmax |x|, 1e-4) over the 128 bf16 values,
 // e = ceil(log2(amax / 448)) exactly (the quantiser of CONTRACT 2.3); bytes
 // e4m3fn(clamp(x * 2^-e, +-448)), round to nearest even; w = ((fp32(w_raw) * 2^e) * 128^-0.5) *
-// 64^-0.5 in that order. No Hadamard rotation. Backends: the CPU (host pointers); no CUDA kernel
-// yet (a CUDA path is rejected with an error naming `path`).
+// 64^-0.5 in that order. No Hadamard rotation. Backends: the CPU (host pointers; Path::Cpu, or
+// Auto), the generic CUDA kernel (device pointers; Auto or CudaGeneric, sm_80+, on p.stream,
+// graph-safe), bit-identical to each other; Path::CudaSm90 is rejected naming `path` (no
+// Hopper-specific prep). Every array must be on the side of w_out (host or device), else an error
+// names the first one that is not.
 #pragma once
 
 #include <cstdint>
@@ -45,9 +48,10 @@ struct IndexerQPrepParams {
 };
 
 // Throws sparsemla::Error for invalid shapes, strides or pointers, and (host memory: the CPU
-// backend reads them first) for a position >= rope.rows, naming positions[i]. A row holding +-inf
-// gets e = +inf: bytes of -448 (NaN -> -448, CONTRACT 2.3) and w = +-inf (NaN for w_raw = 0), so
-// the indexer ranks it last (CONTRACT 11.4).
+// backend reads them first) for a position >= rope.rows, naming positions[i]; on the device, where
+// the host never reads positions, such a row is written as a padding row (zeros). A row holding
+// +-inf gets e = +inf: bytes of -448 (NaN -> -448, CONTRACT 2.3) and w = +-inf (NaN for w_raw = 0),
+// so the indexer ranks it last (CONTRACT 11.4).
 void indexer_q_prep(const IndexerQPrepParams& p);
 
 }  // namespace sparsemla

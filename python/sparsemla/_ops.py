@@ -759,8 +759,10 @@ def indexer_q_prep(q, positions, rope, w_raw, *, q_out=None, w_out=None, path="a
     GPT-J pairs (fp32, rounded to bf16); ``amax = max(|x|, 1e-4)``, ``e = ceil(log2(amax/448))``
     exactly; bytes ``e4m3fn(clamp(x * 2^-e, +-448))`` (RNE, NaN -> -448); ``w = ((fp32(w_raw) *
     2^e) * 128^-0.5) * 64^-0.5``. No Hadamard rotation. q_out: uint8 (or float8_e4m3fn)
-    ``[T, H, 128]`` and w_out: fp32 ``[T, H]`` written in place (else allocated). CPU backend
-    only so far (a CUDA tensor raises naming ``path``). Returns ``(q_out, w_out)``.
+    ``[T, H, 128]`` and w_out: fp32 ``[T, H]`` written in place (else allocated). numpy arrays
+    and CPU tensors run the CPU backend; CUDA tensors the generic CUDA kernel on the current stream
+    (bit-identical to the CPU; a position past the table gives a padding row there, where the CPU
+    raises; ``path="cuda-sm90"`` raises naming ``path``). Returns ``(q_out, w_out)``.
     """
     op = "indexer_q_prep"
     _arrays(op, required=[("q", q, 3), ("positions", positions, 1), ("rope", rope, 2),

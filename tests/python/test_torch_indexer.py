@@ -1,12 +1,14 @@
 """The lightning indexer (CONTRACT 11) and its query prep (11.6) on torch tensors: CPU tensors
 (marker `torch`) equal the numpy results, the custom ops pass opcheck, torch.compile(fullgraph=True)
-equals eager; CUDA tensors (marker `gpu`, scripts/gpu-check) equal the CPU, or, while the CUDA
-indexer is not built, fail with the library's error naming `path`."""
+equals eager; CUDA tensors (marker `gpu`, scripts/gpu-check) equal the CPU, or, for an op whose
+CUDA path is not built, fail with the library's error naming `path`. The query prep's CUDA kernel
+(on the current stream, in a CUDA graph) is held to the CPU bit for bit."""
 
 import numpy as np
 import pytest
 
 import indexer_reference as iref
+import reference as ref
 import sparsemla
 import test_indexer as ti
 from test_torch import DEVICES, N, T, sync
@@ -67,6 +69,93 @@ def test_q_prep_and_candidates_on_tensors_equal_numpy(rng, device):
     assert np.array_equal(N(n), sparsemla.indexer_candidates_from_positions(positions))
     with pytest.raises(sparsemla.Error, match="argument 'positions'"):
         sparsemla.indexer_candidates_from_positions(T(positions.astype(np.int32), device))
+
+
+def _q_prep_edges(rng, T, H):
+    """prep_inputs with the edges of test_indexer.test_q_prep_bit_exact_with_edges (amax below
+    1e-4, exactly 448*2^k, one ulp above, NaN, +inf) and a padding row."""
+    q, pos, rope, w = ti.prep_inputs(rng, T, H)
+    q[0, 0] = ref.bf16_round_bits_fast(np.full(128, 1e-6, dtype=np.float32))
+    q[0, 1, :64] = ref.bf16_round_bits_fast(np.float32(0.5))
+    q[0, 1, 3] = ref.bf16_round_bits_fast(np.float32(448 * 2.0 ** 3))
+    q[0, 1, 64:] = 0
+    q[0, 2] = q[0, 1]
+    q[0, 2, 3] += 1
+    q[1, 0, 5] = 0x7FC0
+    q[1, 1, 9] = 0x7F80
+    pos[2] = -1
+    return q, pos, rope, w
+
+
+def _same_q_prep(got, want):
+    """Bytes equal; weights equal bit for bit where finite-or-inf, NaN where NaN (payloads differ
+    between host and device arithmetic)."""
+    assert np.array_equal(N(got[0]), want[0])
+    gw, ww = N(got[1]), want[1]
+    nan = np.isnan(ww)
+    assert np.array_equal(np.isnan(gw), nan)
+    assert np.array_equal(gw.view(np.uint32)[~nan], ww.view(np.uint32)[~nan])
+
+
+@pytest.mark.gpu
+def test_q_prep_cuda_equals_cpu_on_the_current_stream_and_in_a_graph(rng):
+    """The CUDA query prep (CONTRACT 11.6) on CUDA tensors: bit-identical to the CPU on random rows
+    and the exponent edges, on a side stream whose inputs arrive late (the call runs on the current
+    stream), and in a captured CUDA graph replayed with new inputs in the same tensors."""
+    dev = "cuda"
+    for t, h in [(6, 16), (33, 64), (3, 128)]:
+        q, pos, rope, w = _q_prep_edges(rng, t, h)
+        _same_q_prep(sparsemla.indexer_q_prep(T(q, dev), T(pos, dev), T(rope, dev), T(w, dev)),
+                     sparsemla.indexer_q_prep(q, pos, rope, w))
+    q, pos, rope, w = _q_prep_edges(rng, 8, 64)
+    want = sparsemla.indexer_q_prep(q, pos, rope, w)
+    tq, tpos, trope, tw = T(q, dev), T(pos, dev), T(rope, dev), T(w, dev)
+    q2 = torch.zeros_like(tq)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(100_000_000)  # q2 is filled late on this stream: another stream races
+        q2.copy_(tq)
+        got = sparsemla.indexer_q_prep(q2, tpos, trope, tw)
+        done = torch.cuda.Event()
+        done.record(side)
+    done.synchronize()
+    _same_q_prep(got, want)
+    # A CUDA graph: captured once, replayed with new queries, weights and positions.
+    q_out = torch.full((8, 64, 128), 0xA5, dtype=torch.uint8, device=dev)
+    w_out = torch.full((8, 64), 777.0, dtype=torch.float32, device=dev)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        sparsemla.indexer_q_prep(tq, tpos, trope, tw, q_out=q_out, w_out=w_out)  # warm-up
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        sparsemla.indexer_q_prep(tq, tpos, trope, tw, q_out=q_out, w_out=w_out)
+    for step in range(3):
+        q, pos, _, w = ti.prep_inputs(rng, 8, 64)
+        pos[step] = -1
+        tq.copy_(T(q, dev))
+        tpos.copy_(T(pos, dev))
+        tw.copy_(T(w, dev))
+        q_out.fill_(0xA5)
+        w_out.fill_(777.0)
+        graph.replay()
+        torch.cuda.synchronize()
+        _same_q_prep((q_out, w_out), sparsemla.indexer_q_prep(q, pos, rope, w))
+
+
+@pytest.mark.gpu
+def test_q_prep_cuda_refuses_sm90_and_mixed_devices(rng):
+    q, pos, rope, w = ti.prep_inputs(rng, 3, 4)
+    args = [T(q, "cuda"), T(pos, "cuda"), T(rope, "cuda"), T(w, "cuda")]
+    with pytest.raises(sparsemla.Error, match="argument 'path'"):
+        sparsemla.indexer_q_prep(*args, path="cuda-sm90")
+    with pytest.raises(sparsemla.Error, match="argument 'path'"):
+        sparsemla.indexer_q_prep(*args, path="cpu")
+    args[1] = T(pos, "cpu")
+    with pytest.raises(sparsemla.Error, match="argument 'positions'"):
+        sparsemla.indexer_q_prep(*args)
 
 
 @pytest.mark.torch
