@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+
+#include "bench_indexer_timer.h"
 
 namespace sparsemla::tools {
 
@@ -26,7 +29,16 @@ Timing time_decode_cpu(const Problem& pb, const TimingOptions& o) {
   return t;
 }
 
+int32_t indexer_input_sets(double set_bytes) {
+  if (set_bytes > 2 * kL2Bytes) return 1;
+  const double sets = std::ceil(4 * kL2Bytes / std::max(set_bytes, 1.0));
+  return static_cast<int32_t>(std::min<double>(sets, kMaxInputSets));
+}
+
 #if !defined(SPARSEMLA_WITH_CUDA)
+IndexerTiming time_indexer_cuda(IndexerProblem&, Path path, const TimingOptions&) {
+  throw_arg_error("bench", "--paths", "cpu (this build has no CUDA)", path_name(path));
+}
 Timing time_decode_cuda(const Problem&, Path path, const TimingOptions&) {
   throw_arg_error("bench", "--paths", "cpu (this build has no CUDA)", path_name(path));
 }

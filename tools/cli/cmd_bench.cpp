@@ -11,11 +11,13 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "bench_indexer_timer.h"
 #include "bench_problem.h"
 #include "bench_timer.h"
 #include "cli_checks.h"
 #include "commands.h"
 #include "indexer_problem.h"
+#include "indexer_verify.h"
 #include "reference.h"
 #include "runner.h"
 
@@ -45,6 +47,9 @@ struct BenchOptions {
   std::vector<int32_t> topks{512, 1024};
   std::vector<int32_t> mtps{1};
   bool vary = false;
+  std::string grid;          // standard or product; empty: standard on a GPU without shapes
+  int64_t verify_rows = 32;  // GPU cells: rows checked against the CPU backend (0: all)
+  bool scores = false;       // the call also writes the selected scores
 };
 
 // Every path but cpu times a CUDA kernel (auto included: the CUDA path rule).
@@ -213,11 +218,43 @@ void print_auto_vs_best(const nlohmann::json& results) {
   }
 }
 
-// ---- --op indexer: the standard shapes of CONTRACT 11.9 -----------------------------------------
-// The CPU backend is timed with a steady clock around whole calls; the memory floor is the 11.9
-// byte count (keys once per request, per-row q, w and output) at 4.3 TB/s, the H200's. GPU cells
-// are reported skipped until the bench mirrors indexer problems to the device (the CUDA indexer is
-// being built).
+// ---- --op indexer: the shapes of CONTRACT 11.9 --------------------------------------------------
+// The CPU backend is timed with a steady clock around whole calls; a CUDA path by CUDA events
+// around graph replays rotated over enough input sets that the 60 MB L2 cannot hold the keys
+// (bench/bench_indexer_cuda.cpp). The memory floor is the 11.9 byte count (keys once per request,
+// per-row q, w and output) at 4.3 TB/s, the H200's. CPU cells are checked structurally (the CPU is
+// the reference); GPU cells against the CPU backend on the same bytes (indexer_verify.h).
+
+// One cell of the indexer table: a problem shape (H = 64, pages of 64).
+struct IndexerCell {
+  int64_t context = 0;  // n = context / 4 candidates per request
+  int64_t batch = 1;
+  int32_t mtp = 1;
+  int32_t topk = 512;
+};
+
+// The standard table (`--grid standard`, the default with a GPU and no shape option): the floor
+// table of 11.9 (k 512, next_n 1; contexts 8K, 128K, 1M at B 1, 32, 128) and next_n 2 at 1M B 1
+// and 128K B 32. 11 cells, about 8 GB of keys in all; a few minutes on an H200.
+std::vector<IndexerCell> standard_indexer_cells() {
+  std::vector<IndexerCell> cells;
+  for (int64_t context : {8192, 131072, 1048576})
+    for (int64_t batch : {1, 32, 128}) cells.push_back({context, batch, 1, 512});
+  cells.push_back({1048576, 1, 2, 512});
+  cells.push_back({131072, 32, 2, 512});
+  return cells;
+}
+
+// `--grid product`: every combination of --contexts, --mtp, --topks, --batches.
+std::vector<IndexerCell> product_indexer_cells(const BenchOptions& o) {
+  std::vector<IndexerCell> cells;
+  for (int64_t context : o.contexts)
+    for (int32_t mtp : o.mtps)
+      for (int32_t k : o.topks)
+        for (int64_t batch : o.batches) cells.push_back({context, batch, mtp, k});
+  return cells;
+}
+
 void indexer_defaults_for_cpu(BenchOptions& o, const CLI::App& cmd) {
   if (!o.paths.empty() || cuda_device_available()) return;
   auto unset = [&](const char* name) { return cmd.count(name) == 0; };
@@ -233,108 +270,208 @@ void indexer_defaults_for_cpu(BenchOptions& o, const CLI::App& cmd) {
                cuda_device_problem().c_str());
 }
 
+// Which cells: --grid as given, else standard on a GPU without shape options, else the product.
+std::vector<IndexerCell> indexer_cells(const BenchOptions& o, const CLI::App& cmd) {
+  bool shape_given = false;
+  for (const char* name : {"--contexts", "--batches", "--topks", "--mtp"})
+    shape_given = shape_given || cmd.count(name) > 0;
+  std::string grid = o.grid;
+  if (grid.empty()) grid = shape_given || !cuda_device_available() ? "product" : "standard";
+  if (grid == "standard" && shape_given) {
+    throw_arg_error("bench", "--grid",
+                    "product with --contexts, --batches, --topks or --mtp (standard has its own "
+                    "cells)",
+                    "standard");
+  }
+  return grid == "standard" ? standard_indexer_cells() : product_indexer_cells(o);
+}
+
+std::string indexer_cell_name(const IndexerCell& c) {
+  return "ctx=" + std::to_string(c.context) + " B=" + std::to_string(c.batch) +
+         " mtp=" + std::to_string(c.mtp) + " k=" + std::to_string(c.topk);
+}
+
 void print_indexer_header() {
-  std::printf("%8s %7s %5s %3s %5s %-7s %-12s %10s %17s %8s %9s %9s %8s %s\n", "context", "n", "B",
-              "mtp", "k", "lengths", "path", "median_us", "p10..p90_us", "GB/s", "TFLOP/s",
-              "floor_us", "%floor", "verify");
+  std::printf("%8s %7s %5s %3s %5s %-7s %-12s %10s %17s %8s %9s %9s %8s %9s %s\n", "context", "n",
+              "B", "mtp", "k", "lengths", "path", "median_us", "p10..p90_us", "GB/s", "TFLOP/s",
+              "floor_us", "%floor", "chain_us", "verify");
+}
+
+void print_indexer_prefix(const IndexerCell& c, bool vary, const std::string& path) {
+  std::printf("%8lld %7lld %5lld %3d %5d %-7s %-12s ", static_cast<long long>(c.context),
+              static_cast<long long>(c.context / 4), static_cast<long long>(c.batch), c.mtp, c.topk,
+              vary ? "vary4x" : "uniform", path.c_str());
+}
+
+// What one timed cell reports (seconds sorted; chain empty when not timed).
+struct IndexerCellResult {
+  std::string path;
+  std::vector<double> seconds, chain;
+  int32_t sets = 1;
+  int64_t verified_rows = 0;
+  std::string verdict;
+};
+
+double sorted_quantile(const std::vector<double>& s, double q) {
+  return s[static_cast<size_t>(q * static_cast<double>(s.size() - 1))];
+}
+
+// The table row (stdout) and the JSON record of a timed cell.
+void report_indexer_cell(const IndexerCell& c, bool vary, const IndexerProblem& pb,
+                         const IndexerCellResult& r, nlohmann::json& results) {
+  const double med = r.seconds[r.seconds.size() / 2], floor_s = pb.floor_seconds();
+  const double chain_med = r.chain.empty() ? 0.0 : r.chain[r.chain.size() / 2];
+  print_indexer_prefix(c, vary, r.path);
+  std::printf("%10.2f %8.2f..%-8.2f %8.1f %9.3f %9.2f %7.3f%% ", med * 1e6,
+              sorted_quantile(r.seconds, 0.1) * 1e6, sorted_quantile(r.seconds, 0.9) * 1e6,
+              pb.bytes() / med * 1e-9, pb.flops() / med * 1e-12, floor_s * 1e6,
+              100.0 * floor_s / med);
+  if (r.chain.empty()) std::printf("%9s ", "-");
+  if (!r.chain.empty()) std::printf("%9.2f ", chain_med * 1e6);
+  std::printf("%s\n", r.verdict.c_str());
+  std::fflush(stdout);
+  nlohmann::json record = {{"op", "indexer"},
+                           {"context", c.context},
+                           {"candidates", c.context / 4},
+                           {"batch", c.batch},
+                           {"mtp", c.mtp},
+                           {"topk", c.topk},
+                           {"heads", pb.config.heads},
+                           {"lengths", vary ? "vary4x" : "uniform"},
+                           {"scores", pb.config.scores},
+                           {"path", r.path},
+                           {"median_us", med * 1e6},
+                           {"p10_us", sorted_quantile(r.seconds, 0.1) * 1e6},
+                           {"p90_us", sorted_quantile(r.seconds, 0.9) * 1e6},
+                           {"min_us", r.seconds.front() * 1e6},
+                           {"max_us", r.seconds.back() * 1e6},
+                           {"bytes", pb.bytes()},
+                           {"gbps", pb.bytes() / med * 1e-9},
+                           {"tflops", pb.flops() / med * 1e-12},
+                           {"floor_us", floor_s * 1e6},
+                           {"floor_fraction", floor_s / med},
+                           {"input_sets", r.sets},
+                           {"verified_rows", r.verified_rows},
+                           {"verify", r.verdict}};
+  if (!r.chain.empty()) {
+    record["chain_median_us"] = chain_med * 1e6;
+    record["chain_p10_us"] = sorted_quantile(r.chain, 0.1) * 1e6;
+    record["chain_p90_us"] = sorted_quantile(r.chain, 0.9) * 1e6;
+  }
+  results.push_back(std::move(record));
+}
+
+// A CPU cell: steady-clock calls, the structural check of 11.7 on every row.
+IndexerCellResult time_indexer_cpu_cell(IndexerProblem& pb, const TimingOptions& o) {
+  const IndexerParams p = pb.params(Path::Cpu);
+  for (int32_t i = 0; i < o.warmup; ++i) indexer_topk(p);
+  IndexerCellResult r;
+  r.path = "cpu";
+  for (int32_t i = 0; i < o.reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    indexer_topk(p);
+    r.seconds.push_back(seconds_since(t0));
+  }
+  std::sort(r.seconds.begin(), r.seconds.end());
+  const std::string bad = check_indexer_output(pb);
+  if (!bad.empty()) std::fprintf(stderr, "verify cpu: %s\n", bad.c_str());
+  r.verified_rows = pb.tokens;
+  r.verdict = bad.empty() ? "PASS" : "FAIL";
+  return r;
+}
+
+// A GPU cell: timed on the device, then checked against the CPU backend (bit-identical for
+// cuda-generic, the near-tie rule otherwise) unless the batch is above --verify-max-batch.
+IndexerCellResult time_indexer_gpu_cell(IndexerProblem& pb, Path path, const BenchOptions& o,
+                                        const std::string& name) {
+  IndexerTiming t = time_indexer_cuda(pb, path, o.timing);
+  IndexerCellResult r;
+  r.path = path_name(path);
+  r.seconds = std::move(t.call.seconds);
+  r.chain = std::move(t.chain.seconds);
+  r.sets = t.sets;
+  std::fprintf(stderr, "[bench] %s %s: %d input set(s) of %.1f MB rotated\n", name.c_str(),
+               path_name(path), t.sets, t.set_bytes * 1e-6);
+  if (!t.chain_problem.empty())
+    std::fprintf(stderr, "[bench] %s %s: chain not timed: %s\n", name.c_str(), path_name(path),
+                 t.chain_problem.c_str());
+  if (pb.config.batch > o.verify_max_batch) {
+    r.verdict = "-";
+    return r;
+  }
+  const IndexerCheck check =
+      path == Path::CudaGeneric ? IndexerCheck::BitIdentical : IndexerCheck::NearTie;
+  const IndexerVerdict v =
+      verify_indexer_outputs(pb, t.out, check, o.verify_rows, [&](const std::string& msg) {
+        std::fprintf(stderr, "[bench] %s %s: %s\n", name.c_str(), path_name(path), msg.c_str());
+      });
+  if (!v.problem.empty())
+    std::fprintf(stderr, "verify %s %s: %s\n", name.c_str(), path_name(path), v.problem.c_str());
+  r.verified_rows = v.rows;
+  r.verdict = v.problem.empty() ? "PASS" : "FAIL";
+  return r;
+}
+
+// One cell on every path: builds the problem once, times and checks each path.
+void bench_indexer_cell(const IndexerCell& c, const std::vector<Path>& paths, const BenchOptions& o,
+                        nlohmann::json& results, CellTally& tally) {
+  IndexerProblemConfig cfg;
+  cfg.batch = c.batch;
+  cfg.candidates = c.context / 4;
+  cfg.vary = o.vary;
+  cfg.mtp = c.mtp;
+  cfg.topk = c.topk;
+  cfg.scores = o.scores;
+  cfg.seed = o.seed;
+  const std::string name = indexer_cell_name(c);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::fprintf(stderr, "[bench] %s: building indexer data ...\n", name.c_str());
+  IndexerProblem pb = build_indexer_problem(cfg);
+  std::fprintf(stderr, "[bench] %s: built in %.2f s (%.1f MB of keys)\n", name.c_str(),
+               seconds_since(t0), static_cast<double>(pb.cache.size()) * 1e-6);
+  for (Path path : paths) {
+    IndexerCellResult r;
+    try {
+      r = path == Path::Cpu ? time_indexer_cpu_cell(pb, o.timing)
+                            : time_indexer_gpu_cell(pb, path, o, name);
+    } catch (const Error& e) {  // a path the library rejects: skipped, as the decode cells
+      print_indexer_prefix(c, o.vary, path_name(path));
+      std::printf("skipped: %s\n", e.what());
+      std::fflush(stdout);
+      tally.skipped.push_back(name + " " + path_name(path));
+      continue;
+    }
+    report_indexer_cell(c, o.vary, pb, r, results);
+    if (r.verdict == "FAIL") tally.failed.push_back(name + " " + path_name(path));
+  }
 }
 
 int bench_indexer_main(BenchOptions& o, const CLI::App& cmd) {
-  for (const char* gpu_only :
+  for (const char* decode_only :
        {"--launch-floor", "--gather-only", "--mma-peak", "--shapes", "--splits", "--data"}) {
-    if (cmd.count(gpu_only) > 0)
-      throw_arg_error("bench", gpu_only, "an option of --op decode", "--op indexer");
+    if (cmd.count(decode_only) > 0)
+      throw_arg_error("bench", decode_only, "an option of --op decode", "--op indexer");
   }
   if (!o.json.empty()) check_output_file("bench", "--json", o.json);
   if (cmd.count("--batches") == 0) o.batches = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+  // The rotation of input sets keeps the L2 cold (bench_indexer_timer.h); a flush on top only if
+  // asked for.
+  if (cmd.count("--flush-mb") == 0) o.timing.flush_bytes = 0;
   indexer_defaults_for_cpu(o, cmd);
+  const std::vector<IndexerCell> cells = indexer_cells(o, cmd);
   const std::vector<Path> paths = bench_paths(o);
   nlohmann::json results = nlohmann::json::array();
   CellTally tally;
   print_indexer_header();
-  for (int64_t context : o.contexts) {
-    for (int32_t mtp : o.mtps) {
-      for (int32_t k : o.topks) {
-        for (int64_t batch : o.batches) {
-          IndexerProblemConfig cfg;
-          cfg.batch = batch;
-          cfg.candidates = context / 4;
-          cfg.vary = o.vary;
-          cfg.mtp = mtp;
-          cfg.topk = k;
-          cfg.seed = o.seed;
-          const std::string name = "ctx=" + std::to_string(context) +
-                                   " B=" + std::to_string(batch) + " mtp=" + std::to_string(mtp) +
-                                   " k=" + std::to_string(k);
-          std::fprintf(stderr, "[bench] %s: building indexer data ...\n", name.c_str());
-          IndexerProblem pb = build_indexer_problem(cfg);
-          for (Path path : paths) {
-            if (path != Path::Cpu) {
-              std::printf(
-                  "%8lld %7lld %5lld %3d %5d %-7s %-12s skipped: the indexer bench has no "
-                  "device mirror yet (CPU only)\n",
-                  static_cast<long long>(context), static_cast<long long>(context / 4),
-                  static_cast<long long>(batch), mtp, k, o.vary ? "vary4x" : "uniform",
-                  path_name(path));
-              tally.skipped.push_back(name + " " + path_name(path));
-              continue;
-            }
-            const IndexerParams p = pb.params(Path::Cpu);
-            for (int32_t i = 0; i < o.timing.warmup; ++i) indexer_topk(p);
-            std::vector<double> secs;
-            for (int32_t i = 0; i < o.timing.reps; ++i) {
-              const auto t0 = std::chrono::steady_clock::now();
-              indexer_topk(p);
-              secs.push_back(seconds_since(t0));
-            }
-            std::sort(secs.begin(), secs.end());
-            const double med = secs[secs.size() / 2];
-            const double p10 = secs[static_cast<size_t>(0.1 * (secs.size() - 1))];
-            const double p90 = secs[static_cast<size_t>(0.9 * (secs.size() - 1))];
-            const std::string bad = check_indexer_output(pb);
-            if (!bad.empty()) {
-              std::fprintf(stderr, "verify %s cpu: %s\n", name.c_str(), bad.c_str());
-              tally.failed.push_back(name + " cpu");
-            }
-            const char* verdict = bad.empty() ? "PASS" : "FAIL";
-            std::printf(
-                "%8lld %7lld %5lld %3d %5d %-7s %-12s %10.2f %8.2f..%-8.2f %8.1f %9.3f "
-                "%9.2f %7.3f%% %s\n",
-                static_cast<long long>(context), static_cast<long long>(context / 4),
-                static_cast<long long>(batch), mtp, k, o.vary ? "vary4x" : "uniform", "cpu",
-                med * 1e6, p10 * 1e6, p90 * 1e6, pb.bytes() / med * 1e-9, pb.flops() / med * 1e-12,
-                pb.floor_seconds() * 1e6, 100.0 * pb.floor_seconds() / med, verdict);
-            std::fflush(stdout);
-            results.push_back({{"op", "indexer"},
-                               {"context", context},
-                               {"candidates", context / 4},
-                               {"batch", batch},
-                               {"mtp", mtp},
-                               {"topk", k},
-                               {"heads", cfg.heads},
-                               {"lengths", o.vary ? "vary4x" : "uniform"},
-                               {"path", "cpu"},
-                               {"median_us", med * 1e6},
-                               {"p10_us", p10 * 1e6},
-                               {"p90_us", p90 * 1e6},
-                               {"bytes", pb.bytes()},
-                               {"gbps", pb.bytes() / med * 1e-9},
-                               {"tflops", pb.flops() / med * 1e-12},
-                               {"floor_us", pb.floor_seconds() * 1e6},
-                               {"floor_fraction", pb.floor_seconds() / med},
-                               {"verify", verdict}});
-          }
-        }
-      }
-    }
-  }
+  for (const IndexerCell& c : cells) bench_indexer_cell(c, paths, o, results, tally);
   if (!o.json.empty()) write_output_file("bench", "--json", o.json, results.dump(2) + "\n");
   return report_tally(tally);
 }
 
 int bench_main(BenchOptions& o, const CLI::App& cmd) {
   if (o.op == "indexer") return bench_indexer_main(o, cmd);
-  for (const char* indexer_only : {"--contexts", "--topks", "--mtp", "--vary-lengths"}) {
+  for (const char* indexer_only : {"--contexts", "--topks", "--mtp", "--vary-lengths", "--grid",
+                                   "--verify-rows", "--scores"}) {
     if (cmd.count(indexer_only) > 0)
       throw_arg_error("bench", indexer_only, "an option of --op indexer", "--op decode");
   }
@@ -447,6 +584,20 @@ void register_bench(CLI::App& app) {
       ->check(integer_in(1, 8));
   cmd->add_flag("--vary-lengths", o.vary,
                 "--op indexer: per-request lengths varying 4x (n/4 .. n) instead of uniform");
+  cmd->add_option(
+         "--grid", o.grid,
+         "--op indexer: which cells; standard (the default on a GPU without --contexts, "
+         "--batches, --topks or --mtp: k 512, next_n 1, contexts 8K/128K/1M at B 1/32/128, "
+         "plus next_n 2 at 1M B 1 and 128K B 32) or product (every combination of those "
+         "four options; the default otherwise)")
+      ->check(CLI::IsMember({"standard", "product"}));
+  cmd->add_option("--verify-rows", o.verify_rows,
+                  "--op indexer: rows of a GPU cell checked against the CPU backend, spread over "
+                  "the batch (default 32; 0: every row)")
+      ->check(integer_in(0, std::numeric_limits<int64_t>::max()));
+  cmd->add_flag("--scores", o.scores,
+                "--op indexer: the call also writes the selected scores (+4*k bytes per row; "
+                "checked too)");
   cmd->add_option("--json", o.json, "write all results as JSON to this file");
   cmd->add_option("--seed", o.seed, "random seed");
   cmd->callback([cmd] {

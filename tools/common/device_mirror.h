@@ -1,5 +1,5 @@
-// tools/common/device_mirror.h: device copies of a host Problem and the CUDA helpers the tools share
-// (stream, events, graph capture). CUDA builds only.
+// tools/common/device_mirror.h: device copies of a host Problem (decode) or IndexerProblem and the
+// CUDA helpers the tools share (stream, events, graph capture). CUDA builds only.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "bench_timer.h"
+#include "indexer_problem.h"
 #include "problem.h"
 
 namespace sparsemla::tools {
@@ -139,6 +140,22 @@ inline DecodeParams mirror_problem(const Problem& pb, DeviceArena& a) {
   p.sink = a.copy(pb.sink);
   p.positions = a.copy(pb.positions);
   p.rope.data = a.copy(pb.rope);
+  return p;
+}
+
+// IndexerParams whose inputs are device copies of the problem's host buffers (q, w, keys, table,
+// row_request, n); outputs (indices, lengths, scores) left null and path set by the caller.
+inline IndexerParams mirror_indexer_problem(IndexerProblem& pb, DeviceArena& a) {
+  IndexerParams p = pb.params(Path::CudaGeneric);
+  p.q = a.copy(pb.q);
+  p.w = a.copy(pb.w);
+  p.cache.base = a.copy(pb.cache);
+  p.block_table = a.copy(pb.table);
+  p.row_request = a.copy(pb.row_request);
+  p.num_candidates = a.copy(pb.n);
+  p.indices = nullptr;
+  p.lengths = nullptr;
+  p.scores = nullptr;
   return p;
 }
 

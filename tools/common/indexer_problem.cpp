@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <set>
@@ -129,6 +130,7 @@ IndexerProblem build_indexer_problem(const IndexerProblemConfig& cfg) {
   }
   pb.indices.assign(static_cast<size_t>(T * cfg.topk), 0);
   pb.lengths.assign(static_cast<size_t>(T), 0);
+  if (cfg.scores) pb.scores.assign(static_cast<size_t>(T * cfg.topk), 0.0f);
   return pb;
 }
 
@@ -149,6 +151,7 @@ IndexerParams IndexerProblem::params(Path path) {
   p.indices = indices.data();
   p.width = config.topk;
   p.lengths = lengths.data();
+  p.scores = scores.empty() ? nullptr : scores.data();
   p.path = path;
   return p;
 }
@@ -158,7 +161,8 @@ double IndexerProblem::bytes() const {
   for (int64_t n : request_candidates)
     b += 132.0 * static_cast<double>(n) +
          4.0 * static_cast<double>((n + config.page - 1) / config.page);
-  const double per_row = 128.0 * config.heads + 4.0 * config.heads + 4.0 * config.topk + 8.0;
+  const double out_row = 4.0 * config.topk * (config.scores ? 2 : 1);
+  const double per_row = 128.0 * config.heads + 4.0 * config.heads + out_row + 8.0;
   return b + per_row * static_cast<double>(tokens);
 }
 
@@ -168,22 +172,31 @@ double IndexerProblem::flops() const {
   return f;
 }
 
+std::string check_indexer_row(const IndexerProblem& pb, int64_t t, const int32_t* indices,
+                              int32_t length, const float* scores) {
+  const int64_t k = pb.config.topk;
+  const int64_t want = std::min<int64_t>(k, pb.n[t]);  // every page valid: C_t = [0, n_t)
+  const std::string row = "row " + std::to_string(t);
+  if (length != want)
+    return row + ": length " + std::to_string(length) + ", expected " + std::to_string(want);
+  std::set<int32_t> seen;
+  for (int64_t i = 0; i < k; ++i) {
+    const int32_t j = indices[i];
+    const bool ok = i < want ? (j >= 0 && j < pb.n[t] && seen.insert(j).second) : j == -1;
+    if (!ok) return row + ": entry " + std::to_string(i) + " = " + std::to_string(j);
+    if (scores != nullptr && i >= want && !(std::isinf(scores[i]) && scores[i] < 0))
+      return row + ": padding score " + std::to_string(i) + " = " + std::to_string(scores[i]);
+  }
+  return "";
+}
+
 std::string check_indexer_output(const IndexerProblem& pb) {
   const int64_t k = pb.config.topk;
   for (int64_t t = 0; t < pb.tokens; ++t) {
-    const int64_t want = std::min<int64_t>(k, pb.n[t]);
-    if (pb.lengths[t] != want) {
-      return "row " + std::to_string(t) + ": length " + std::to_string(pb.lengths[t]) +
-             ", expected " + std::to_string(want);
-    }
-    std::set<int32_t> seen;
-    for (int64_t i = 0; i < k; ++i) {
-      const int32_t j = pb.indices[t * k + i];
-      const bool ok = i < want ? (j >= 0 && j < pb.n[t] && seen.insert(j).second) : j == -1;
-      if (!ok)
-        return "row " + std::to_string(t) + ": entry " + std::to_string(i) + " = " +
-               std::to_string(j);
-    }
+    const float* scores = pb.scores.empty() ? nullptr : pb.scores.data() + t * k;
+    const std::string bad =
+        check_indexer_row(pb, t, pb.indices.data() + t * k, pb.lengths[t], scores);
+    if (!bad.empty()) return bad;
   }
   return "";
 }

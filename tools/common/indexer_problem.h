@@ -20,6 +20,7 @@ struct IndexerProblemConfig {
   int32_t heads = 64;      // H
   int32_t topk = 512;      // k (and W)
   int32_t page = 64;       // ibs
+  bool scores = false;     // the call also writes the selected scores [T, k]
   uint64_t seed = 1;
 };
 
@@ -35,11 +36,12 @@ struct IndexerProblem {
   std::vector<int32_t> row_request, n;      // [T]
   std::vector<int64_t> request_candidates;  // n of each request (its longest row)
   std::vector<int32_t> indices, lengths;    // outputs [T, k], [T]
+  std::vector<float> scores;                // output [T, k] when config.scores, else empty
 
   // Params over the host buffers (path and outputs set; the CPU backend reads them directly).
   IndexerParams params(Path path);
   // CONTRACT 11.9 counts: keys read once per request (132 B per candidate + 4 B per page id),
-  // per row q, w, the output row and 8 B; FLOPs 2*H*128 per candidate and row.
+  // per row q, w, the output row (twice with scores) and 8 B; FLOPs 2*H*128 per candidate and row.
   double bytes() const;
   double flops() const;
   // The 11.9 memory floor at 4.3 TB/s, seconds.
@@ -60,8 +62,12 @@ double run_indexer_step(const std::vector<int32_t>& table, int32_t table_width,
                         int32_t repeat, std::vector<int32_t>& indices,
                         std::vector<int32_t>& lengths);
 
-// Runs the indexer on the CPU over an existing problem's outputs; structural check of 11.7 (each
-// row: min(k, n_t) distinct indices below n_t, then -1). Returns "" or what failed.
+// The structural check of 11.7 on row t of an output of this problem (every page valid, so
+// C_t = [0, n_t)): `length` = min(k, n_t), that many distinct indices below n_t, then -1 up to k,
+// and with scores (may be null) -inf in the padding. Returns "" or what failed.
+std::string check_indexer_row(const IndexerProblem& pb, int64_t t, const int32_t* indices,
+                              int32_t length, const float* scores);
+// check_indexer_row on every row of the problem's own outputs (the CPU cells).
 std::string check_indexer_output(const IndexerProblem& pb);
 
 }  // namespace sparsemla::tools

@@ -13,6 +13,7 @@
 #include <set>
 #include <vector>
 
+#include "common/indexer_near_tie.h"
 #include "reference/indexer_reference.h"
 
 namespace sparsemla::test {
@@ -56,25 +57,15 @@ inline void expect_exact(const IndexerCase& c, const IndexerOut& o, int64_t t, T
 }
 
 // Random data (11.7): scores within eps * A, and no unselected candidate beats a selected one by
-// more than their bounds.
+// more than their bounds (the rule is tools/common/indexer_near_tie.h, shared with
+// `sparsemla bench --op indexer`).
 inline void expect_within_bounds(const IndexerCase& c, const IndexerOut& o, int64_t t, double eps) {
   expect_structure(c, o, t);
-  const std::vector<RefCandidate> cand = ref_candidates(c, t);
-  std::vector<const RefCandidate*> by_j(static_cast<size_t>(c.Wt) * c.ibs, nullptr);
-  for (const auto& x : cand) by_j[x.j] = &x;
-  std::set<int64_t> selected;
-  double worst_selected = std::numeric_limits<double>::infinity();
-  for (int32_t i = 0; i < o.lengths[t]; ++i) {
-    const RefCandidate& x = *by_j[o.indices[t * c.W + i]];
-    selected.insert(x.j);
-    EXPECT_LE(std::fabs(o.scores[t * c.W + i] - x.score), eps * x.a + 1e-30)
-        << "row " << t << " index " << x.j;
-    worst_selected = std::min(worst_selected, x.score + eps * x.a);
-  }
-  for (const auto& x : cand) {
-    if (selected.count(x.j)) continue;
-    EXPECT_LE(x.score - eps * x.a, worst_selected) << "row " << t << ": unselected " << x.j;
-  }
+  EXPECT_EQ(
+      tools::near_tie_violation(ref_candidates(c, t), &o.indices[t * c.W],
+                                o.scores.empty() ? nullptr : &o.scores[t * c.W], o.lengths[t], eps),
+      "")
+      << "row " << t;
 }
 
 // The largest |score - ref| / A over row t's selected entries (0 when none has A > 0): a drift
