@@ -163,17 +163,12 @@ struct TileIssue {
   int32_t cand;         // local index j, or -1
 };
 
-// The entry's page id (-1 past the range), loaded without being used: the caller resolves it one
-// iteration later, so no thread stalls on the block table (a use in the same iteration cost a
-// memory latency per tile: 1M B = 32 ran at 20% of the floor, record 2026-12-03T0733Z).
-__device__ __forceinline__ int32_t load_block(const KernelArgs& a, const int32_t* table_row,
-                                              int64_t j, int64_t end) {
-  return j < end ? __ldg(table_row + j / a.block_size) : -1;
-}
-__device__ __forceinline__ TileIssue resolve(const KernelArgs& a, int32_t block, int64_t j,
-                                             int64_t end) {
+__device__ __forceinline__ TileIssue locate(const KernelArgs& a, const int32_t* table_row,
+                                            int64_t j, int64_t end) {
   TileIssue it{nullptr, 0, -1};
-  if (j >= end || block < 0 || block >= a.num_blocks) return it;
+  if (j >= end) return it;
+  const int32_t block = __ldg(table_row + j / a.block_size);
+  if (block < 0 || block >= a.num_blocks) return it;
   it.page = a.cache + int64_t{block} * a.block_stride;
   it.row = static_cast<int32_t>(j % a.block_size);
   it.cand = static_cast<int32_t>(j);  // j < n'_t <= INT32_MAX
@@ -239,7 +234,7 @@ __global__ void __launch_bounds__(kThreads) indexer_sm90_score_kernel(const Kern
     }
     top.reset();  // barrier: the previous item's reads of the buffer and the ring are done
 
-    // Issue of tile i into stage i % kStages; the page id of tile i was loaded one
+    // Issue of tile i into stage i % kStages; `next` holds the located entry of tile i, found one
     // iteration before its issue.
     auto issue = [&](int64_t i, const TileIssue& it) {
       if (i < tiles) {
@@ -267,15 +262,14 @@ __global__ void __launch_bounds__(kThreads) indexer_sm90_score_kernel(const Kern
       }
       cuda::cp_async_commit();  // one group per call, empty or not: wait_group counts stay uniform
     };
-    auto entry = [&](int64_t i) { return begin + i * kTile + e_issue; };
-    auto load_tile_block = [&](int64_t i) {
-      return i < tiles ? load_block(a, table_row, entry(i), end) : -1;
+    auto locate_tile = [&](int64_t i) {
+      return i < tiles ? locate(a, table_row, begin + i * kTile + e_issue, end)
+                       : TileIssue{nullptr, 0, -1};
     };
 
 #pragma unroll 1
-    for (int64_t i = 0; i < kStages - 1; ++i)
-      issue(i, resolve(a, load_tile_block(i), entry(i), end));
-    int32_t next_block = load_tile_block(kStages - 1);
+    for (int64_t i = 0; i < kStages - 1; ++i) issue(i, locate_tile(i));
+    TileIssue next = locate_tile(kStages - 1);
 
 #pragma unroll 1
     for (int64_t i = 0; i < tiles; ++i) {
@@ -283,8 +277,8 @@ __global__ void __launch_bounds__(kThreads) indexer_sm90_score_kernel(const Kern
       cuda::cp_async_wait<kStages - 2>();  // this thread's copies of tile i landed
       fence_proxy_async();                 // ... and are visible to the wgmma (async proxy)
       __syncthreads();  // everyone's copies of tile i; tile i - 1's stage is free; count stable
-      issue(i + kStages - 1, resolve(a, next_block, entry(i + kStages - 1), end));
-      next_block = load_tile_block(i + kStages);
+      issue(i + kStages - 1, next);
+      next = locate_tile(i + kStages);
       top.reserve(kTile);
 
       float score0 = 0.0f, score1 = 0.0f;  // rows e0 = 16 warp + lane / 4 and e0 + 8
