@@ -91,17 +91,23 @@ size_t workspace_bytes(int64_t T, int32_t S, int32_t k) {
 }  // namespace
 
 IndexerSplits plan_indexer_splits(int64_t num_tokens, int64_t max_candidates, int32_t sms) {
+  return plan_indexer_splits_tiled(num_tokens, max_candidates, sms, kTile, kMinTilesPerSplit);
+}
+
+IndexerSplits plan_indexer_splits_tiled(int64_t num_tokens, int64_t max_candidates, int32_t sms,
+                                        int64_t tile, int64_t min_tiles_per_split) {
   // About 2 * CU items in all (CONTRACT 11.5: T x S bounded by about max(T, 2 CU)), splits of at
   // least kMinTilesPerSplit tiles, no empty split at the full width.
-  const int64_t tiles = std::max<int64_t>(1, (max_candidates + kTile - 1) / kTile);
+  const int64_t tiles = std::max<int64_t>(1, (max_candidates + tile - 1) / tile);
   const int64_t T = std::max<int64_t>(1, num_tokens);
   const int64_t want = (2 * int64_t{std::max(sms, 1)} + T - 1) / T;
-  const int64_t most = std::min(kMaxSplits, (tiles + kMinTilesPerSplit - 1) / kMinTilesPerSplit);
+  const int64_t most =
+      std::min(kMaxSplits, (tiles + min_tiles_per_split - 1) / min_tiles_per_split);
   const int64_t S0 = std::clamp<int64_t>(want, 1, std::max<int64_t>(1, most));
   const int64_t per = (tiles + S0 - 1) / S0;
   IndexerSplits out;
   out.num_splits = static_cast<int32_t>((tiles + per - 1) / per);
-  out.chunk = per * kTile;
+  out.chunk = per * tile;
   return out;
 }
 

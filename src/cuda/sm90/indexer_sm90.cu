@@ -58,7 +58,6 @@ constexpr int kStages = 5;         // tiles in the ring: 4 in flight, ~34 KB per
 static_assert(kTile * (kDim / 16) == kThreads * kRunsPerThread, "a tile's runs over the CTA");
 constexpr int kTileBytes = kTile * kDim;  // 8 KiB of e4m3 values
 constexpr int64_t kMinTilesPerSplit = 4;
-constexpr int64_t kMaxSplits = 1024;
 constexpr int64_t kMaxGrid = std::numeric_limits<int32_t>::max();
 
 // Buffer words: k plus one tile of appends, a power of two.
@@ -376,18 +375,9 @@ size_t workspace_bytes(int64_t T, int32_t S, int32_t k) {
 }  // namespace
 
 IndexerSplits plan_indexer_splits_sm90(int64_t num_tokens, int64_t max_candidates, int32_t sms) {
-  // As the generic path (about 2 * CU items, CONTRACT 11.5), in 64-entry tiles, splits of at least
-  // kMinTilesPerSplit tiles, none empty at the full width.
-  const int64_t tiles = std::max<int64_t>(1, (max_candidates + kTile - 1) / kTile);
-  const int64_t T = std::max<int64_t>(1, num_tokens);
-  const int64_t want = (2 * int64_t{std::max(sms, 1)} + T - 1) / T;
-  const int64_t most = std::min(kMaxSplits, (tiles + kMinTilesPerSplit - 1) / kMinTilesPerSplit);
-  const int64_t S0 = std::clamp<int64_t>(want, 1, std::max<int64_t>(1, most));
-  const int64_t per = (tiles + S0 - 1) / S0;
-  IndexerSplits out;
-  out.num_splits = static_cast<int32_t>((tiles + per - 1) / per);
-  out.chunk = per * kTile;
-  return out;
+  // The generic path's rule (about 2 * CU items, CONTRACT 11.5) in 64-entry tiles.
+  return cuda_generic::plan_indexer_splits_tiled(num_tokens, max_candidates, sms, kTile,
+                                                 kMinTilesPerSplit);
 }
 
 std::string indexer_unsupported_reason(const IndexerParams& p) {
