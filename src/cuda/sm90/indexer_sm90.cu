@@ -29,8 +29,10 @@
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <string>
+#include <tuple>
 
 #include "cuda/common/decode_common.cuh"
 #include "cuda/common/device_info.h"
@@ -55,7 +57,7 @@ constexpr int kThreads = 128;  // one warpgroup
 constexpr int kTile = 64;      // entries per tile: the wgmma's M
 constexpr int kDim = kIndexerHeadDim;
 constexpr int kRunsPerThread = 4;  // 16-byte runs of an entry per thread: 2 threads per entry
-constexpr int kStages = 5;         // tiles in the ring: 4 in flight, ~34 KB per CTA
+constexpr int kStages = 4;  // tiles in the ring: 3 in flight, 25 KB; 4 CTAs per SM at k = 512
 static_assert(kTile * (kDim / 16) == kThreads * kRunsPerThread, "a tile's runs over the CTA");
 constexpr int kTileBytes = kTile * kDim;  // 8 KiB of e4m3 values
 constexpr int64_t kMinTilesPerSplit = 4;
@@ -177,7 +179,8 @@ __device__ __forceinline__ TileIssue locate(const KernelArgs& a, const int32_t* 
   const uint8_t* page = a.cache + int64_t{block} * a.block_stride;
   // Byte of (row, dim 0) in the page (format.h indexer_value_offset_in_page, 16-row tiles for
   // SHUFFLE), then the thread's first run.
-  const uint32_t row_base = a.shuffle != 0 ? (row / 16) * (16 * kDim) + (row % 16) * 16 : row * kDim;
+  const uint32_t row_base =
+      a.shuffle != 0 ? (row / 16) * (16 * kDim) + (row % 16) * 16 : row * kDim;
   it.values = page + row_base + first_run_offset;
   it.scale = page + bs * kDim + row * 4;
   it.cand = static_cast<int32_t>(j);
@@ -344,8 +347,8 @@ __global__ void __launch_bounds__(kThreads) indexer_sm90_score_kernel(const Kern
       // Lane 0 of a row quad offers row e0, lane 1 row e0 + 8; a warp's appends take one atomic.
       const int e = quad == 1 ? e0 + 8 : e0;
       const int32_t j = quad < 2 ? index_s[stage * kTile + e] : -1;
-      const uint64_t word = cuda_generic::indexer::pack(quad == 1 ? score1 : score0,
-                                                        static_cast<uint32_t>(j));
+      const uint64_t word =
+          cuda_generic::indexer::pack(quad == 1 ? score1 : score0, static_cast<uint32_t>(j));
       appended = j >= 0 && cuda_generic::indexer::RankWord{}(word) > theta;
       const uint32_t want = __ballot_sync(0xFFFFFFFFu, appended);
       if (want != 0) {  // warp-uniform
@@ -413,6 +416,29 @@ void prepare_device() {
   });
 }
 
+// Score-kernel CTAs resident per SM at this call's (H, k): from the occupancy calculator, which
+// is host arithmetic on the kernel's registers and shared memory (no device work).
+int32_t resident_per_sm(const IndexerParams& p) {
+  prepare_device();
+  const int32_t kN = padded_heads(p.num_heads);
+  const int32_t capacity = score_capacity(p.topk);
+  int dev = 0;
+  cuda::check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  static std::mutex mu;
+  static std::map<std::tuple<int, int32_t, int32_t>, int32_t> known;  // (device, kN, capacity)
+  const std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(dev, kN, capacity);
+  if (const auto it = known.find(key); it != known.end()) return it->second;
+  const auto smem = static_cast<size_t>(layout(kN, capacity).bytes);
+  int n = 0;
+  const cudaError_t e = kN == 64 ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                                       &n, indexer_sm90_score_kernel<64>, kThreads, smem)
+                                 : cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                                       &n, indexer_sm90_score_kernel<128>, kThreads, smem);
+  cuda::check_cuda(e, "cudaOccupancyMaxActiveBlocksPerMultiprocessor(indexer_sm90_score_kernel)");
+  return known[key] = std::max(n, 1);
+}
+
 size_t workspace_bytes(int64_t T, int32_t S, int32_t k) {
   const int64_t items = T * S;
   const int64_t counts = (items * 4 + 7) / 8 * 8;
@@ -421,10 +447,24 @@ size_t workspace_bytes(int64_t T, int32_t S, int32_t k) {
 
 }  // namespace
 
-IndexerSplits plan_indexer_splits_sm90(int64_t num_tokens, int64_t max_candidates, int32_t sms) {
-  // The generic path's rule (about 2 * CU items, CONTRACT 11.5) in 64-entry tiles.
-  return cuda_generic::plan_indexer_splits_tiled(num_tokens, max_candidates, sms, kTile,
-                                                 kMinTilesPerSplit, lab_items_per_sm());
+IndexerSplits plan_indexer_splits_sm90(int64_t num_tokens, int64_t max_candidates, int32_t sms,
+                                       int32_t resident_per_sm) {
+  constexpr int64_t kOneWaveFromRows = 16;
+  if (num_tokens < kOneWaveFromRows)  // the generic rule: about 2 * CU items (CONTRACT 11.5)
+    return cuda_generic::plan_indexer_splits_tiled(num_tokens, max_candidates, sms, kTile,
+                                                   kMinTilesPerSplit, lab_items_per_sm());
+  // One wave of resident CTAs: S = floor(slots / T) (rounding up would start a second wave for
+  // a few items), so items_per_sm = slots / CU rounded down over the rows.
+  const int64_t slots = int64_t{std::max(sms, 1)} * std::max(resident_per_sm, 1);
+  const int64_t per_row = std::max<int64_t>(1, slots / num_tokens);
+  const int64_t tiles = std::max<int64_t>(1, (max_candidates + kTile - 1) / kTile);
+  const int64_t most = std::max<int64_t>(1, (tiles + kMinTilesPerSplit - 1) / kMinTilesPerSplit);
+  const int64_t S0 = std::min(per_row, most);
+  const int64_t per = (tiles + S0 - 1) / S0;
+  IndexerSplits out;
+  out.num_splits = static_cast<int32_t>((tiles + per - 1) / per);
+  out.chunk = per * kTile;
+  return out;
 }
 
 std::string indexer_unsupported_reason(const IndexerParams& p) {
@@ -438,16 +478,16 @@ std::string indexer_unsupported_reason(const IndexerParams& p) {
 
 size_t indexer_workspace_size(const IndexerParams& p) {
   if (p.num_tokens == 0) return 0;
-  const IndexerSplits sp =
-      plan_indexer_splits_sm90(p.num_tokens, max_candidates(p), cuda::current_device_sms());
+  const IndexerSplits sp = plan_indexer_splits_sm90(p.num_tokens, max_candidates(p),
+                                                    cuda::current_device_sms(), resident_per_sm(p));
   return workspace_bytes(p.num_tokens, sp.num_splits, p.topk);
 }
 
 void indexer_topk(const IndexerParams& p, void* workspace) {
   if (p.num_tokens == 0) return;
   prepare_device();
-  const IndexerSplits sp =
-      plan_indexer_splits_sm90(p.num_tokens, max_candidates(p), cuda::current_device_sms());
+  const IndexerSplits sp = plan_indexer_splits_sm90(p.num_tokens, max_candidates(p),
+                                                    cuda::current_device_sms(), resident_per_sm(p));
   KernelArgs a = cuda_generic::make_indexer_args(p, sp, workspace);
   a.score_capacity = score_capacity(p.topk);
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
