@@ -328,6 +328,18 @@ __global__ void __launch_bounds__(kThreads) indexer_sm90_score_kernel(const Kern
 }
 
 // ---- host side ---------------------------------------------------------------------------------
+// From how many rows the plan takes one wave of resident CTAs (16); the lab knob
+// SPARSEMLA_INDEXER_SM90_ONE_WAVE_FROM (1..4096, read once per process) measures the rule at
+// small batches (docs/lab/indexer.md).
+int64_t lab_one_wave_from_rows() {
+  static const int64_t v = [] {
+    const char* e = std::getenv("SPARSEMLA_INDEXER_SM90_ONE_WAVE_FROM");
+    const long n = e != nullptr ? std::strtol(e, nullptr, 10) : 16;
+    return static_cast<int64_t>(n >= 1 && n <= 4096 ? n : 16);
+  }();
+  return v;
+}
+
 // Items per SM of the plan: 2 (the generic rule); the lab knob SPARSEMLA_INDEXER_SM90_ITEMS_PER_SM
 // (1..8, read once per process) exists only to measure the split count (docs/lab/indexer.md).
 int64_t lab_items_per_sm() {
@@ -394,8 +406,8 @@ int32_t resident_per_sm(const IndexerParams& p) {
 
 IndexerSplits plan_indexer_splits_sm90(int64_t num_tokens, int64_t max_candidates, int32_t sms,
                                        int32_t resident_per_sm) {
-  constexpr int64_t kOneWaveFromRows = 16;
-  if (num_tokens < kOneWaveFromRows)  // the generic rule: about 2 * CU items (CONTRACT 11.5)
+  if (num_tokens <
+      lab_one_wave_from_rows())  // the generic rule: about 2 * CU items (CONTRACT 11.5)
     return cuda_generic::plan_indexer_splits_tiled(num_tokens, max_candidates, sms, kTile,
                                                    kMinTilesPerSplit, lab_items_per_sm());
   // One wave of resident CTAs: S = floor(slots / T) (rounding up would start a second wave for
