@@ -11,7 +11,9 @@
 // >= k + the most one step appends). A candidate is appended only when it ranks before theta, the
 // rank word of the k-th best kept so far (0 until k are known): anything at or after it has k
 // better candidates already and cannot be selected. When the next step could overflow, the buffer
-// is bitonic-sorted and cut to its best k (theta rises to the new k-th). Nothing is ever dropped
+// is cut to its best k by a radix select on the rank words (theta rises to the new k-th; cut()
+// below); cut_sorted() also sorts them by rank, for the lists and outputs that must be sorted.
+// Nothing is ever dropped
 // that could belong to the top k, and no bin has a fixed capacity, so low-contrast rows (tens of
 // thousands of equal scores) select exactly.
 #pragma once
