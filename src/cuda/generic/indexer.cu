@@ -51,7 +51,10 @@ constexpr int64_t kMaxGrid = std::numeric_limits<int32_t>::max();
 
 // ---- host side ---------------------------------------------------------------------------------
 constexpr int32_t kMaxCapacity = 4096;  // score_capacity / merge_capacity at k = 2048
-static_assert(kIndexerMaxTopk + kThreads <= kMaxCapacity, "buffers at k = 2048");
+static_assert(kIndexerMaxTopk + kThreads * kMergeWordsPerThread <= kMaxCapacity &&
+                  kIndexerMaxTopk + kThreads * kMergeWordsPerLane <= kMaxCapacity &&
+                  kMergeMinCapacity <= kMaxCapacity,
+              "buffers at k = 2048");
 constexpr int64_t kMaxScoreSmem = score_smem_bytes(kMaxCapacity, 128);
 
 // The score kernel's dynamic shared memory can pass 48 KiB (66.4 KB at k = 2048, H = 128): opt in

@@ -328,7 +328,7 @@ __global__ void __launch_bounds__(kThreads) indexer_sm90_score_kernel(const Kern
     }
     cuda::cp_async_wait_all();  // the trailing empty groups
     __syncthreads();            // appends done
-    top.cut();                  // sorted by rank, count = min(count, k)
+    top.cut_sorted();           // sorted by rank (the merge needs it), count = min(count, k)
     const int32_t kept = top.st->count;
     uint64_t* out = a.ws_pairs + item * a.topk;
     for (int32_t i = tid; i < kept; i += kThreads) out[i] = top.buf[i];
