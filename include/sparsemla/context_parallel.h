@@ -108,13 +108,13 @@ SPARSEMLA_HOST_DEVICE int64_t cp_virtual_slot(int64_t l, int32_t rank, int32_t n
 // output width). The CPU backend checks it before writing (error naming out.width); on the device
 // it is a precondition, and entries past out.width are dropped (never written out of bounds).
 struct ShardListParams {
-  BuildCommon common;         // num_rows = T rows of `list`; row_valid, path, stream
-  IndexList list;             // the unsharded list (ragged or dense), virtual slot ids
-  int32_t num_ranks = 1;      // R >= 1
-  int32_t rank = 0;           // in [0, R)
-  int32_t interleave = 1;     // I >= 1 (vLLM's cp_kv_cache_interleave_size)
-  int64_t num_slots = 0;      // virtual slots N (0: no range check); v >= N dropped
-  RaggedOut out;              // indices [num_rows * out.width], indptr [num_rows + 1]
+  BuildCommon common;      // num_rows = T rows of `list`; row_valid, path, stream
+  IndexList list;          // the unsharded list (ragged or dense), virtual slot ids
+  int32_t num_ranks = 1;   // R >= 1
+  int32_t rank = 0;        // in [0, R)
+  int32_t interleave = 1;  // I >= 1 (vLLM's cp_kv_cache_interleave_size)
+  int64_t num_slots = 0;   // virtual slots N (0: no range check); v >= N dropped
+  RaggedOut out;           // indices [num_rows * out.width], indptr [num_rows + 1]
 };
 void shard_list(const ShardListParams& p);
 

@@ -58,8 +58,8 @@ void validate(const RankMergeParams& p) {
   const int64_t lse_st = or_default(p.rank_lse_stride_token, H);
   SPARSEMLA_CHECK_ARG(H <= 1 || p.rank_lse_stride_head >= 1, op, "rank_lse_stride_head", ">= 1",
                       p.rank_lse_stride_head);
-  SPARSEMLA_CHECK_ARG(T <= 1 || lse_st >= 1, op, "rank_lse_stride_token",
-                      ">= 1 (0: H)", p.rank_lse_stride_token);
+  SPARSEMLA_CHECK_ARG(T <= 1 || lse_st >= 1, op, "rank_lse_stride_token", ">= 1 (0: H)",
+                      p.rank_lse_stride_token);
   const int64_t lse_sr = or_default(p.rank_lse_stride_rank, T * lse_st);
   SPARSEMLA_CHECK_ARG(R <= 1 || T == 0 || lse_sr >= 1, op, "rank_lse_stride_rank",
                       ">= 1 (0: T * rank_lse_stride_token)", p.rank_lse_stride_rank);
@@ -67,14 +67,14 @@ void validate(const RankMergeParams& p) {
                "num_ranks*rank_lse_stride_rank (elements)");
   check_extent(op, "rank_lse_stride_token", T, lse_st > 0 ? lse_st : 1,
                "num_tokens*rank_lse_stride_token (elements)");
-  check_extent(op, "rank_lse_stride_head", H, p.rank_lse_stride_head > 0 ? p.rank_lse_stride_head : 1,
+  check_extent(op, "rank_lse_stride_head", H,
+               p.rank_lse_stride_head > 0 ? p.rank_lse_stride_head : 1,
                "num_heads*rank_lse_stride_head (elements)");
   // Outputs: written, rows disjoint.
-  check_write_strides(op, "out_", T, H, or_default(p.out_stride_token, H * kRow),
-                      p.out_stride_head, kRow);
+  check_write_strides(op, "out_", T, H, or_default(p.out_stride_token, H * kRow), p.out_stride_head,
+                      kRow);
   if (p.lse != nullptr) {
-    check_write_strides(op, "lse_", T, H, or_default(p.lse_stride_token, H),
-                        p.lse_stride_head, 1);
+    check_write_strides(op, "lse_", T, H, or_default(p.lse_stride_token, H), p.lse_stride_head, 1);
   }
   if (p.positions != nullptr) check_rope(op, "rope", p.rope);
   if (T == 0) return;
@@ -93,8 +93,8 @@ void validate(const ShardListParams& p) {
   const BuildCommon& c = p.common;
   SPARSEMLA_CHECK_ARG(c.num_rows >= 0 && c.num_rows <= kMaxTokens, op, "common.num_rows",
                       "in [0, 2^40]", c.num_rows);
-  SPARSEMLA_CHECK_ARG(p.num_ranks >= 1 && p.num_ranks <= kMaxRanks, op, "num_ranks",
-                      "in [1, 1024]", p.num_ranks);
+  SPARSEMLA_CHECK_ARG(p.num_ranks >= 1 && p.num_ranks <= kMaxRanks, op, "num_ranks", "in [1, 1024]",
+                      p.num_ranks);
   SPARSEMLA_CHECK_ARG(p.rank >= 0 && p.rank < p.num_ranks, op, "rank",
                       "in [0, num_ranks = " + std::to_string(p.num_ranks) + ")", p.rank);
   SPARSEMLA_CHECK_ARG(p.interleave >= 1, op, "interleave", ">= 1", p.interleave);
@@ -104,10 +104,10 @@ void validate(const ShardListParams& p) {
   check_list_shape(op, "list", p.list, c.num_rows);
   SPARSEMLA_CHECK_PTR(p.out.indptr, op, "out.indptr");
   SPARSEMLA_CHECK_ARG(p.out.width >= 1, op, "out.width", ">= 1", p.out.width);
-  SPARSEMLA_CHECK_ARG(c.num_rows <= kMaxIndptr / p.out.width, op, "common.num_rows",
-                      "num_rows * out.width <= 2^31-1 (out.width = " +
-                          std::to_string(p.out.width) + ")",
-                      c.num_rows);
+  SPARSEMLA_CHECK_ARG(
+      c.num_rows <= kMaxIndptr / p.out.width, op, "common.num_rows",
+      "num_rows * out.width <= 2^31-1 (out.width = " + std::to_string(p.out.width) + ")",
+      c.num_rows);
   SPARSEMLA_CHECK_ARG(c.num_rows == 0 || p.out.indices != nullptr, op, "out.indices",
                       "a non-null pointer for num_rows > 0", "null");
   check_aligned(op, "out.indices", p.out.indices);

@@ -29,7 +29,8 @@ struct Strides {
 Strides rank_strides(const RankMergeParams& p) {
   Strides s;
   s.out_head = p.rank_out_stride_head;
-  s.out_token = p.rank_out_stride_token != 0 ? p.rank_out_stride_token : p.num_heads * int64_t{kDim};
+  s.out_token =
+      p.rank_out_stride_token != 0 ? p.rank_out_stride_token : p.num_heads * int64_t{kDim};
   s.out_rank = p.rank_out_stride_rank != 0 ? p.rank_out_stride_rank : p.num_tokens * s.out_token;
   s.lse_head = p.rank_lse_stride_head;
   s.lse_token = p.rank_lse_stride_token != 0 ? p.rank_lse_stride_token : p.num_heads;
@@ -75,7 +76,8 @@ void merge_row(const RankMergeParams& p, const Strides& s, int64_t t, int32_t h,
   for (int32_t r = 0; r < R; ++r) {
     if (w[r] == 0.0f) continue;  // inactive or underflowed: its output is not read
     const int64_t row = r * s.out_rank + t * s.out_token + h * s.out_head;
-    for (int d = 0; d < kDim; ++d) o[d] = merge::fadd(o[d], merge::fmul(w[r], rank_value(p, row, d)));
+    for (int d = 0; d < kDim; ++d)
+      o[d] = merge::fadd(o[d], merge::fmul(w[r], rank_value(p, row, d)));
   }
   for (int d = 0; d < kDim; ++d) o[d] = merge::fdiv(o[d], f.div);
   if (p.positions != nullptr) {
@@ -121,8 +123,8 @@ void shard_list(const ShardListParams& p) {
   for (int64_t t = 0; t < c.num_rows; ++t) {
     if (!row_valid(c, t)) continue;
     const ListRow row = list_row(p.list, t);
-    const int64_t len = std::count_if(row.indices, row.indices + row.length,
-                                      [&](int32_t v) { return mine(p, v); });
+    const int64_t len =
+        std::count_if(row.indices, row.indices + row.length, [&](int32_t v) { return mine(p, v); });
     SPARSEMLA_CHECK_ARG(len <= p.out.width, "shard_list", "out.width",
                         ">= the " + std::to_string(len) + " entries of rank " +
                             std::to_string(p.rank) + " in row " + std::to_string(t),
@@ -136,8 +138,7 @@ void shard_list(const ShardListParams& p) {
       for (int64_t j = 0; j < row.length; ++j) {
         const int32_t v = row.indices[j];
         if (!mine(p, v)) continue;
-        p.out.indices[offset++] =
-            static_cast<int32_t>(cp_local_slot(v, p.num_ranks, p.interleave));
+        p.out.indices[offset++] = static_cast<int32_t>(cp_local_slot(v, p.num_ranks, p.interleave));
       }
     }
     p.out.indptr[t + 1] = static_cast<int32_t>(offset);  // <= T * out.width <= 2^31-1

@@ -89,8 +89,8 @@ __device__ __forceinline__ float rank_lse(const MergeArgs& a, int32_t r, int64_t
 __global__ void __launch_bounds__(32 * kRowsPerBlock) merge_ranks_kernel(const MergeArgs a) {
   const int64_t t = blockIdx.x;
   const int lane = static_cast<int>(threadIdx.x) % 32;
-  const int32_t h = static_cast<int32_t>(blockIdx.y) * kRowsPerBlock +
-                    static_cast<int32_t>(threadIdx.x) / 32;
+  const int32_t h =
+      static_cast<int32_t>(blockIdx.y) * kRowsPerBlock + static_cast<int32_t>(threadIdx.x) / 32;
   if (h >= a.num_heads) return;  // whole warps; no block-wide barrier below
   const int32_t R = a.num_ranks;
 
@@ -171,8 +171,8 @@ __global__ void __launch_bounds__(32 * kRowsPerBlock) merge_ranks_kernel(const M
 #pragma unroll
     for (int i = 0; i < 4; ++i) b[i] = float_to_bf16(o[4 * j + i]);
     if (a.out_vec) {
-      *reinterpret_cast<uint2*>(dst + c) =
-          make_uint2(uint32_t{b[0]} | (uint32_t{b[1]} << 16), uint32_t{b[2]} | (uint32_t{b[3]} << 16));
+      *reinterpret_cast<uint2*>(dst + c) = make_uint2(uint32_t{b[0]} | (uint32_t{b[1]} << 16),
+                                                      uint32_t{b[2]} | (uint32_t{b[3]} << 16));
     } else {
 #pragma unroll
       for (int i = 0; i < 4; ++i) dst[c + i] = b[i];

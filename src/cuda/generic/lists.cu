@@ -283,11 +283,12 @@ struct CompressedAllBuilder {
   __device__ int32_t entry(const Row& row, int64_t i) const { return map.slot(row.req, i); }
 };
 
-// ---- list sharding (CONTRACT 12.2) ---------------------------------------------------------------
-// Rank `rank`'s entries of each row of the unsharded list, as local slots, in their order. The row
-// length (this rank's entries, at most out.width) is staged in indptr[r+1] by shard_count_kernel,
-// scanned by scan_kernel, and shard_fill_kernel compacts the row at indptr[r] (a ballot per warp,
-// the warps' counts through shared memory).
+// ---- list sharding (CONTRACT 12.2)
+// --------------------------------------------------------------- Rank `rank`'s entries of each row
+// of the unsharded list, as local slots, in their order. The row length (this rank's entries, at
+// most out.width) is staged in indptr[r+1] by shard_count_kernel, scanned by scan_kernel, and
+// shard_fill_kernel compacts the row at indptr[r] (a ballot per warp, the warps' counts through
+// shared memory).
 using cuda::DeviceList;
 using cuda::load_row_range;
 using cuda::RowRange;
@@ -306,8 +307,13 @@ struct ShardBuilder {
 
 DeviceList shard_input(const IndexList& l) {  // as decode_params.cu's device_list
   if (!l.dense()) return {l.indices, l.indptr, l.capacity, 0, nullptr, 1, 0};
-  return {l.indices, nullptr, l.capacity, l.dense_stride != 0 ? l.dense_stride : l.width,
-          l.lengths, l.rows_per_length, static_cast<int32_t>(l.width)};
+  return {l.indices,
+          nullptr,
+          l.capacity,
+          l.dense_stride != 0 ? l.dense_stride : l.width,
+          l.lengths,
+          l.rows_per_length,
+          static_cast<int32_t>(l.width)};
 }
 
 __global__ void __launch_bounds__(kFillThreads)
@@ -320,7 +326,8 @@ __global__ void __launch_bounds__(kFillThreads)
       const int64_t j = base + threadIdx.x;
       count += __syncthreads_count(j < row.len && b.mine(b.list.indices[row.begin + j]));
     }
-    if (threadIdx.x == 0) out.indptr[r + 1] = static_cast<int32_t>(count < out.width ? count : out.width);
+    if (threadIdx.x == 0)
+      out.indptr[r + 1] = static_cast<int32_t>(count < out.width ? count : out.width);
     __syncthreads();
   }
 }
