@@ -163,46 +163,6 @@ TEST(ShardListCpu, EqualsTheIndependentSplitRaggedAndDense) {
 
 // ---- merge_ranks on synthetic rank results
 // -------------------------------------------------------
-struct Synthetic {
-  int64_t T;
-  int32_t H, R;
-  std::vector<bf16_bits> out;  // [R, T, H, 512]
-  std::vector<float> out_f32;
-  std::vector<float> lse;  // [R, T, H]
-  std::vector<float> sink;
-  std::vector<int64_t> positions;
-  std::vector<float> rope;  // [P, 64]
-};
-
-Synthetic synthetic(Rng& rng, int64_t T, int32_t H, int32_t R, double p_empty) {
-  Synthetic s{T, H, R, {}, {}, {}, {}, {}, {}};
-  s.out.resize(static_cast<size_t>(R * T * H * kDim));
-  s.out_f32.resize(s.out.size());
-  for (size_t i = 0; i < s.out.size(); i += 64) {
-    const double gain = std::exp(0.7 * rng.normal());
-    for (size_t j = i; j < i + 64; ++j) {
-      s.out_f32[j] = static_cast<float>(rng.normal() * gain * 0.3);
-      s.out[j] = float_to_bf16(s.out_f32[j]);
-    }
-  }
-  s.lse.resize(static_cast<size_t>(R * T * H));
-  for (auto& l : s.lse)
-    l = rng.uniform(0, 1) < p_empty ? kInf : static_cast<float>(rng.normal() * 3 + 5);
-  s.sink = random_f32(rng, static_cast<size_t>(H), 1.0, 4.0);
-  const int64_t P = 50;
-  s.rope.resize(static_cast<size_t>(P * 64));
-  for (int64_t p = 0; p < P; ++p) {
-    for (int k = 0; k < 32; ++k) {
-      const double a = rng.uniform(-4, 4);
-      s.rope[p * 64 + k] = static_cast<float>(std::cos(a));
-      s.rope[p * 64 + 32 + k] = static_cast<float>(std::sin(a));
-    }
-  }
-  s.positions.resize(T);
-  for (auto& p : s.positions) p = rng.randint(0, P - 1);
-  return s;
-}
-
 struct MergeOut {
   std::vector<bf16_bits> out;
   std::vector<float> lse;
