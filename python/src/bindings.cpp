@@ -41,17 +41,12 @@ struct KindInfo {
   int bits;
 };
 constexpr KindInfo kKinds[] = {
-    {"uint8", Code::UInt, 8},
-    {"int32", Code::Int, 32},
-    {"int64", Code::Int, 64},
-    {"float32", Code::Float, 32},
-    {"float64", Code::Float, 64},
+    {"uint8", Code::UInt, 8},        {"int32", Code::Int, 32},     {"int64", Code::Int, 64},
+    {"float32", Code::Float, 32},    {"float64", Code::Float, 64},
     {"bf16 (torch.bfloat16, or uint16 holding raw bf16 bits)", Code::Bfloat, 16},
     {"any (contiguous bytes)", Code::UInt, 0}};
 
-const char* kind_name(Kind k) {
-  return kKinds[static_cast<int>(k)].name;
-}
+const char* kind_name(Kind k) { return kKinds[static_cast<int>(k)].name; }
 
 bool dtype_is(nb::dlpack::dtype d, Kind k) {
   const KindInfo& want = kKinds[static_cast<int>(k)];
@@ -65,11 +60,11 @@ bool dtype_is(nb::dlpack::dtype d, Kind k) {
 std::string dtype_text(nb::dlpack::dtype d) {
   const auto code = static_cast<Code>(d.code);
   if (code == Code::Bool) return "bool";
-  const char* name = code == Code::Int      ? "int"
-                     : code == Code::UInt   ? "uint"
-                     : code == Code::Float  ? "float"
+  const char* name = code == Code::Int     ? "int"
+                     : code == Code::UInt  ? "uint"
+                     : code == Code::Float ? "float"
                      : code == Code::Bfloat ? "bfloat"
-                                            : nullptr;
+                                           : nullptr;
   const std::string base = name ? name : "dtype-code-" + std::to_string(d.code) + "-";
   return base + std::to_string(d.bits) + (d.lanes != 1 ? "x" + std::to_string(d.lanes) : "");
 }
@@ -746,15 +741,13 @@ void py_build_compressed_all_lists(const In& positions, const In& request_index,
 // where absent), the integer options (in this order, with their defaults), the scale, the path
 // and the plan. Both lists are exported (_C.DECODE_INPUTS, _C.DECODE_CONFIG); the Python layer and
 // the torch ops follow them, so the arguments are spelled out here only.
-#define SPARSEMLA_DECODE_INPUTS(X)                                                             \
-  X(q)                                                                                         \
-  X(main_cache) X(main_indices) X(main_indptr) X(main_lengths) X(extra_cache) X(extra_indices) \
-      X(extra_indptr) X(extra_lengths) X(sink) X(positions) X(rope)
-#define SPARSEMLA_DECODE_CONFIG(X)                                                     \
-  X(main_block_size, 0)                                                                \
-  X(main_width, 0) X(main_rows_per_length, 1) X(extra_block_size, 0) X(extra_width, 0) \
-      X(extra_rows_per_length, 1) X(num_splits, 0) X(num_sms, 0) X(adaptive_splits, 0) \
-          X(deterministic, 0) X(extra_cache_sanitised, 0) X(kv_connector, 0)
+#define SPARSEMLA_DECODE_INPUTS(X)                                                   \
+  X(q) X(main_cache) X(main_indices) X(main_indptr) X(main_lengths) X(extra_cache)  \
+  X(extra_indices) X(extra_indptr) X(extra_lengths) X(sink) X(positions) X(rope)
+#define SPARSEMLA_DECODE_CONFIG(X)                                                          \
+  X(main_block_size, 0) X(main_width, 0) X(main_rows_per_length, 1) X(extra_block_size, 0) \
+  X(extra_width, 0) X(extra_rows_per_length, 1) X(num_splits, 0) X(num_sms, 0)             \
+  X(adaptive_splits, 0) X(deterministic, 0) X(extra_cache_sanitised, 0) X(kv_connector, 0)
 #define SPARSEMLA_INPUT_NAME(n) #n,
 #define SPARSEMLA_CONFIG_PAIR(n, d) std::pair<const char*, int64_t>(#n, d),
 constexpr const char* kDecodeInputs[] = {SPARSEMLA_DECODE_INPUTS(SPARSEMLA_INPUT_NAME)};
@@ -837,8 +830,7 @@ IndexList index_list(Call& c, const std::string& name, const In& indices, const 
   IndexList l;
   if (indptr.is_valid()) {  // ragged
     if (lengths.is_valid())
-      c.fail(len,
-             "None with a ragged list (lengths go with a dense list, " + name + "_indptr None)",
+      c.fail(len, "None with a ragged list (lengths go with a dense list, " + name + "_indptr None)",
              "an array");
     if (rows_per_length != 1) c.fail(rpl, "1 with a ragged list", std::to_string(rows_per_length));
     l.capacity = c.vec(ind, indices, Kind::I32, -1, "");
@@ -855,9 +847,8 @@ IndexList index_list(Call& c, const std::string& name, const In& indices, const 
     l.dense_stride = rows(c, ind, indices, Kind::I32, T, -1, "T (q.shape[0])");
     l.capacity = T == 0 ? 0 : (T - 1) * l.dense_stride + l.width;
     if (width != 0 && width != l.width)
-      c.fail(name + "_width",
-             "0 or " + ind + ".shape[1] = " + std::to_string(l.width) + " (a dense list's width)",
-             std::to_string(width));
+      c.fail(name + "_width", "0 or " + ind + ".shape[1] = " + std::to_string(l.width) +
+             " (a dense list's width)", std::to_string(width));
     if (rows_per_length < 1) c.fail(rpl, ">= 1", std::to_string(rows_per_length));
     l.rows_per_length = i32(c, rpl, rows_per_length);
     if (lengths.is_valid()) {
@@ -885,17 +876,16 @@ void options_from_plan(Call& c, const DecodeArgs& a, DecodeParams& p) {
   p.path = s.path;
 }
 
-// lse fp32 [T, H] (any strides), or FlashMLA's [T / g, H, g] (g = s_q: row t is lse[t / g, :, t %
-// g], written in place by the kernels as rows in groups of g).
+// lse fp32 [T, H] (any strides), or FlashMLA's [T / g, H, g] (g = s_q: row t is lse[t / g, :, t % g],
+// written in place by the kernels as rows in groups of g).
 void lse_layout(Call& c, const Out& lse, DecodeParams& p) {
   c.check("lse", lse, Kind::F32, -1);
   c.positive_strides("lse", lse);
   const bool grouped = lse.ndim() == 3;
   const int64_t g = grouped ? static_cast<int64_t>(lse.shape(2)) : 1;
   if ((lse.ndim() != 2 && !grouped) || g < 1 || int64_t(lse.shape(0)) * g != p.num_tokens) {
-    c.fail("lse",
-           "[T, H] or FlashMLA's [b, H, s_q] with b * s_q = T = " + std::to_string(p.num_tokens),
-           "shape " + shape_text(lse));
+    c.fail("lse", "[T, H] or FlashMLA's [b, H, s_q] with b * s_q = T = " +
+           std::to_string(p.num_tokens), "shape " + shape_text(lse));
   }
   c.dim("lse", lse, 1, p.num_heads, "H (q.shape[1])");
   p.lse = ptr<float>(lse);
@@ -927,8 +917,7 @@ DecodeParams decode_params(Call& c, const DecodeArgs& a, const Out& out, const O
       c.fail("extra_indices", "the extra list with the extra cache", "None");
     p.extra_list = index_list(c, "extra", a.extra_indices, a.extra_indptr, a.extra_lengths,
                               a.extra_width, a.extra_rows_per_length, T);
-  } else if (a.extra_indices.is_valid() || a.extra_indptr.is_valid() ||
-             a.extra_lengths.is_valid()) {
+  } else if (a.extra_indices.is_valid() || a.extra_indptr.is_valid() || a.extra_lengths.is_valid()) {
     c.fail("extra_cache", "the extra cache with the extra list", "None");
   }
   p.sink = c.opt_vec<const float>("sink", a.sink, Kind::F32, H, "H (q.shape[1])");
@@ -1170,9 +1159,10 @@ nb::dict py_verify(const In& out, const In& ref, const In& abs_mean) {
   if (c.on_device()) c.fail("out", "host arrays", "CUDA arrays");
   const int64_t T = static_cast<int64_t>(out.shape(0));
   const int32_t H = static_cast<int32_t>(out.shape(1));
-  const VerifyResult v = verify_decode_output(
-      ptr<const bf16_bits>(out), T, H, Call::stride_or_default(out, 0),
-      H <= 1 ? 512 : out.stride(1), ptr<const double>(ref), ptr<const double>(abs_mean));
+  const VerifyResult v =
+      verify_decode_output(ptr<const bf16_bits>(out), T, H, Call::stride_or_default(out, 0),
+                           H <= 1 ? 512 : out.stride(1), ptr<const double>(ref),
+                           ptr<const double>(abs_mean));
   nb::dict d;
   d["passed"] = v.passed;
   d["elements"] = v.elements;
@@ -1488,8 +1478,8 @@ NB_MODULE(_C, m) {
   nb::class_<DecodeArgs>(m, "DecodeArgs")
       .def(nb::new_(&decode_args), "inputs"_a, "config"_a, "scale"_a, "path"_a, "plan"_a.none(),
            "stream"_a);
-  m.def("sparse_decode", &py_sparse_decode, "args"_a, "out"_a, "lse"_a.none(), "workspace"_a.none(),
-        "alloc"_a.none());
+  m.def("sparse_decode", &py_sparse_decode, "args"_a, "out"_a, "lse"_a.none(),
+        "workspace"_a.none(), "alloc"_a.none());
   m.def("decode_unsupported", &py_decode_unsupported, "args"_a, "out"_a.none(), "lse"_a.none());
   m.def("sparse_decode_reference", &py_sparse_decode_reference, "args"_a, "out"_a, "lse"_a.none(),
         "abs_mean"_a.none());
@@ -1497,36 +1487,30 @@ NB_MODULE(_C, m) {
   const auto path_str = [](Path p) { return std::string(path_name(p)); };
 #define SPARSEMLA_RO(C, f) .def_ro(#f, &C::f)
   nb::class_<DecodeShape>(m, "DecodeShape")  // read-only views of the C++ structs
-      SPARSEMLA_RO(DecodeShape, num_tokens) SPARSEMLA_RO(DecodeShape, num_heads) SPARSEMLA_RO(
-          DecodeShape, width_main) SPARSEMLA_RO(DecodeShape, width_extra)
-          SPARSEMLA_RO(DecodeShape, has_extra) SPARSEMLA_RO(DecodeShape, device) SPARSEMLA_RO(
-              DecodeShape, caches_aligned) SPARSEMLA_RO(DecodeShape, num_splits)
-              SPARSEMLA_RO(DecodeShape, adaptive_splits) SPARSEMLA_RO(DecodeShape, deterministic)
-                  SPARSEMLA_RO(DecodeShape, num_sms)
-                      .def_prop_ro("path", [=](const DecodeShape& s) { return path_str(s.path); });
-  nb::class_<DecodePlan>(m, "DecodePlan") SPARSEMLA_RO(DecodePlan, shape)
-      SPARSEMLA_RO(DecodePlan, num_splits) SPARSEMLA_RO(DecodePlan, num_sms)
-          SPARSEMLA_RO(DecodePlan, adaptive_splits) SPARSEMLA_RO(DecodePlan, one_wave)
-              SPARSEMLA_RO(DecodePlan, fused_combine) SPARSEMLA_RO(DecodePlan, head_blocks_per_cta)
-                  SPARSEMLA_RO(DecodePlan, workspace_bytes)
-                      .def_prop_ro("path", [=](const DecodePlan& p) { return path_str(p.path); })
-                      .def_prop_ro("packed", [](const DecodePlan& p) { return pack(p); });
+      SPARSEMLA_RO(DecodeShape, num_tokens) SPARSEMLA_RO(DecodeShape, num_heads)
+      SPARSEMLA_RO(DecodeShape, width_main) SPARSEMLA_RO(DecodeShape, width_extra)
+      SPARSEMLA_RO(DecodeShape, has_extra) SPARSEMLA_RO(DecodeShape, device)
+      SPARSEMLA_RO(DecodeShape, caches_aligned) SPARSEMLA_RO(DecodeShape, num_splits)
+      SPARSEMLA_RO(DecodeShape, adaptive_splits) SPARSEMLA_RO(DecodeShape, deterministic)
+      SPARSEMLA_RO(DecodeShape, num_sms)
+      .def_prop_ro("path", [=](const DecodeShape& s) { return path_str(s.path); });
+  nb::class_<DecodePlan>(m, "DecodePlan")
+      SPARSEMLA_RO(DecodePlan, shape) SPARSEMLA_RO(DecodePlan, num_splits)
+      SPARSEMLA_RO(DecodePlan, num_sms) SPARSEMLA_RO(DecodePlan, adaptive_splits)
+      SPARSEMLA_RO(DecodePlan, one_wave) SPARSEMLA_RO(DecodePlan, fused_combine)
+      SPARSEMLA_RO(DecodePlan, head_blocks_per_cta) SPARSEMLA_RO(DecodePlan, workspace_bytes)
+      .def_prop_ro("path", [=](const DecodePlan& p) { return path_str(p.path); })
+      .def_prop_ro("packed", [](const DecodePlan& p) { return pack(p); });
   m.def(
       "plan_decode",
-      [](int64_t t, int32_t h, int64_t wm, int64_t we, bool has_extra, int32_t device, bool aligned,
-         const std::string& path, int32_t splits, bool adaptive, bool det, int32_t sms) {
-        return plan_decode(DecodeShape{.num_tokens = t,
-                                       .num_heads = h,
-                                       .width_main = wm,
-                                       .width_extra = we,
-                                       .has_extra = has_extra,
-                                       .device = device,
-                                       .caches_aligned = aligned,
-                                       .path = parse_path(path),
-                                       .num_splits = splits,
-                                       .adaptive_splits = adaptive,
-                                       .deterministic = det,
-                                       .num_sms = sms});
+      [](int64_t t, int32_t h, int64_t wm, int64_t we, bool has_extra, int32_t device,
+         bool aligned, const std::string& path, int32_t splits, bool adaptive, bool det,
+         int32_t sms) {
+        return plan_decode(DecodeShape{
+            .num_tokens = t, .num_heads = h, .width_main = wm, .width_extra = we,
+            .has_extra = has_extra, .device = device, .caches_aligned = aligned,
+            .path = parse_path(path), .num_splits = splits, .adaptive_splits = adaptive,
+            .deterministic = det, .num_sms = sms});
       },
       "num_tokens"_a, "num_heads"_a, "width_main"_a, "width_extra"_a, "has_extra"_a, "device"_a,
       "caches_aligned"_a, "path"_a, "num_splits"_a, "adaptive_splits"_a, "deterministic"_a,
