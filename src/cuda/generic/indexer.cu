@@ -95,12 +95,13 @@ IndexerSplits plan_indexer_splits(int64_t num_tokens, int64_t max_candidates, in
 }
 
 IndexerSplits plan_indexer_splits_tiled(int64_t num_tokens, int64_t max_candidates, int32_t sms,
-                                        int64_t tile, int64_t min_tiles_per_split) {
-  // About 2 * CU items in all (CONTRACT 11.5: T x S bounded by about max(T, 2 CU)), splits of at
-  // least kMinTilesPerSplit tiles, no empty split at the full width.
+                                        int64_t tile, int64_t min_tiles_per_split,
+                                        int64_t items_per_sm) {
+  // About items_per_sm * CU items in all (CONTRACT 11.5: T x S bounded by about max(T, 2 CU)),
+  // splits of at least min_tiles_per_split tiles, no empty split at the full width.
   const int64_t tiles = std::max<int64_t>(1, (max_candidates + tile - 1) / tile);
   const int64_t T = std::max<int64_t>(1, num_tokens);
-  const int64_t want = (2 * int64_t{std::max(sms, 1)} + T - 1) / T;
+  const int64_t want = (std::max<int64_t>(items_per_sm, 1) * std::max(sms, 1) + T - 1) / T;
   const int64_t most =
       std::min(kMaxSplits, (tiles + min_tiles_per_split - 1) / min_tiles_per_split);
   const int64_t S0 = std::clamp<int64_t>(want, 1, std::max<int64_t>(1, most));

@@ -20,9 +20,11 @@ struct IndexerSplits {
   int64_t chunk = 0;
 };
 IndexerSplits plan_indexer_splits(int64_t num_tokens, int64_t max_candidates, int32_t sms);
-// The same rule for a path with other tiles (the Hopper path: 64 entries, splits of >= 4 tiles).
+// The same rule for a path with other tiles (the Hopper path: 64 entries, splits of >= 4 tiles)
+// and about items_per_sm * CU items in all.
 IndexerSplits plan_indexer_splits_tiled(int64_t num_tokens, int64_t max_candidates, int32_t sms,
-                                        int64_t tile, int64_t min_tiles_per_split);
+                                        int64_t tile, int64_t min_tiles_per_split,
+                                        int64_t items_per_sm = 2);
 
 // Workspace bytes of a call on the current device: (score, index) pairs uint64 [T, S, k] + counts
 // int32 [T, S] (8-byte aligned); 0 when T = 0.

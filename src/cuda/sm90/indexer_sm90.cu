@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <mutex>
 #include <string>
@@ -155,22 +156,31 @@ __device__ __forceinline__ void wgmma_e4m3<128>(float (&d)[64], uint64_t a_desc,
 }
 
 // What one thread copies of a tile: entry e = tid / 2, runs [4 * (tid % 2), +4), and (tid even)
-// the entry's scale and candidate index.
+// the entry's scale and candidate index. All offsets are 32-bit: j < n'_t <= INT32_MAX and a
+// page's bytes fit 32 bits (bs * 132 <= block_stride).
 struct TileIssue {
-  const uint8_t* page;  // the entry's page, or null (not a candidate: zero fill, index -1)
-  int32_t row;          // row inside the page
-  int32_t cand;         // local index j, or -1
+  const uint8_t* values;  // the thread's first run of the entry, or null (not a candidate: zero
+                          // fill, index -1)
+  const uint8_t* scale;   // the entry's fp32 scale
+  int32_t cand;           // local index j, or -1
 };
 
 __device__ __forceinline__ TileIssue locate(const KernelArgs& a, const int32_t* table_row,
-                                            int64_t j, int64_t end) {
-  TileIssue it{nullptr, 0, -1};
+                                            uint32_t j, uint32_t end, uint32_t first_run_offset) {
+  TileIssue it{nullptr, nullptr, -1};
   if (j >= end) return it;
-  const int32_t block = __ldg(table_row + j / a.block_size);
+  const uint32_t bs = static_cast<uint32_t>(a.block_size);
+  const uint32_t page_index = j / bs;
+  const int32_t block = __ldg(table_row + page_index);
   if (block < 0 || block >= a.num_blocks) return it;
-  it.page = a.cache + int64_t{block} * a.block_stride;
-  it.row = static_cast<int32_t>(j % a.block_size);
-  it.cand = static_cast<int32_t>(j);  // j < n'_t <= INT32_MAX
+  const uint32_t row = j - page_index * bs;
+  const uint8_t* page = a.cache + int64_t{block} * a.block_stride;
+  // Byte of (row, dim 0) in the page (format.h indexer_value_offset_in_page, 16-row tiles for
+  // SHUFFLE), then the thread's first run.
+  const uint32_t row_base = a.shuffle != 0 ? (row / 16) * (16 * kDim) + (row % 16) * 16 : row * kDim;
+  it.values = page + row_base + first_run_offset;
+  it.scale = page + bs * kDim + row * 4;
+  it.cand = static_cast<int32_t>(j);
   return it;
 }
 
@@ -195,7 +205,6 @@ __global__ void __launch_bounds__(kThreads) indexer_sm90_score_kernel(const Kern
 
   const int tid = threadIdx.x;
   const int e_issue = tid / 2, run0 = (tid % 2) * kRunsPerThread;
-  const IndexerLayout kv_layout = a.shuffle ? IndexerLayout::Shuffle : IndexerLayout::Normal;
   const int32_t H = a.num_heads;
   const int64_t table_capacity = int64_t{a.block_table_width} * a.block_size;
   const int64_t items = a.num_tokens * a.num_splits;
@@ -216,7 +225,7 @@ __global__ void __launch_bounds__(kThreads) indexer_sm90_score_kernel(const Kern
     // 11.3: with n'_t <= k every candidate is selected; keys are read only for scores or ranks.
     const bool scored = a.always_scored != 0 || n > a.topk;
     const int32_t* table_row = a.block_table + int64_t{r} * a.block_table_stride;
-    const int64_t tiles = (end - begin + kTile - 1) / kTile;
+    const auto tiles = static_cast<int32_t>((end - begin + kTile - 1) / kTile);
 
     if (scored) {  // the row's query (zero rows past H) and weights (0 past H)
       const uint8_t* q_row = a.q + t * a.q_stride_token;
@@ -233,55 +242,73 @@ __global__ void __launch_bounds__(kThreads) indexer_sm90_score_kernel(const Kern
     }
     top.reset();  // barrier: the previous item's reads of the buffer and the ring are done
 
-    // Issue of tile i into stage i % kStages; `next` holds the located entry of tile i, found one
-    // iteration before its issue.
-    auto issue = [&](int64_t i, const TileIssue& it) {
-      if (i < tiles) {
-        const int stage = static_cast<int>(i % kStages);
-        if (scored) {
-          const uint32_t bytes = it.page != nullptr ? 16u : 0u;
-          const uint32_t k_stage = k_addr + stage * kTileBytes;
+    // The weights of this thread's accumulator columns (heads 8c + hc, + 1), kept in registers.
+    const int hc = 2 * (tid % 4);
+    float wr[kN / 8][2];
 #pragma unroll
-          for (int c = 0; c < kRunsPerThread; ++c) {
-            const int run = run0 + c;
-            const uint8_t* src = it.page != nullptr ? it.page + indexer_value_offset_in_page(
-                                                                    kv_layout, it.row, 16 * run)
-                                                    : a.cache;
-            cp_async16_zfill(k_stage + operand_offset(kTile, e_issue, run), src, bytes);
-          }
-          if (run0 == 0) {
-            const uint8_t* src = it.page != nullptr
-                                     ? it.page + indexer_scale_offset_in_page(a.block_size, it.row)
-                                     : a.cache;
-            cp_async4_zfill(scale_addr + (stage * kTile + e_issue) * 4, src,
-                            it.page != nullptr ? 4u : 0u);
-          }
+    for (int c = 0; c < kN / 8; ++c) {
+      wr[c][0] = scored ? w_s[8 * c + hc] : 0.0f;  // w_s is written only for scored rows
+      wr[c][1] = scored ? w_s[8 * c + hc + 1] : 0.0f;
+    }
+
+    // Issue of tile i into `stage`; `next` holds the located entry of tile i, found one iteration
+    // before its issue. A run of SHUFFLE pages is 256 bytes after the previous one, of NORMAL 16.
+    const uint32_t run_stride = a.shuffle != 0 ? 256u : 16u;
+    const uint32_t first_run = run0 * run_stride;
+    const uint32_t k_dst = k_addr + operand_offset(kTile, e_issue, run0);
+    auto issue = [&](int32_t i, int stage, const TileIssue& it) {
+      if (i < tiles) {
+        if (scored) {
+          const bool have = it.values != nullptr;
+          const uint32_t bytes = have ? 16u : 0u;
+#pragma unroll
+          for (int c = 0; c < kRunsPerThread; ++c)  // run + 1 is 8 core matrices (1 KiB) further
+            cp_async16_zfill(k_dst + stage * kTileBytes + c * (kTile / 8) * 128,
+                             have ? it.values + c * run_stride : a.cache, bytes);
+          if (run0 == 0)
+            cp_async4_zfill(scale_addr + (stage * kTile + e_issue) * 4, have ? it.scale : a.cache,
+                            have ? 4u : 0u);
         }
         if (run0 == 0) index_s[stage * kTile + e_issue] = it.cand;
       }
       cuda::cp_async_commit();  // one group per call, empty or not: wait_group counts stay uniform
     };
-    auto locate_tile = [&](int64_t i) {
-      return i < tiles ? locate(a, table_row, begin + i * kTile + e_issue, end)
-                       : TileIssue{nullptr, 0, -1};
+    const uint32_t end32 = static_cast<uint32_t>(end);
+    const uint32_t first_entry = static_cast<uint32_t>(begin) + e_issue;
+    auto locate_tile = [&](int32_t i) {
+      return i < tiles ? locate(a, table_row, first_entry + i * kTile, end32, first_run)
+                       : TileIssue{nullptr, nullptr, -1};
     };
 
 #pragma unroll 1
-    for (int64_t i = 0; i < kStages - 1; ++i) issue(i, locate_tile(i));
+    for (int32_t i = 0; i < kStages - 1; ++i) issue(i, i, locate_tile(i));
     TileIssue next = locate_tile(kStages - 1);
 
+    // Register copies of the buffer's state, the same in every thread: count advances by the
+    // appends each barrier counts (a thread appends at most one word per tile), theta changes only
+    // in cut(). So one barrier per tile orders the copies, frees a stage and counts the appends.
+    int32_t count = 0;
+    uint64_t theta = 0;
+    bool appended = false;
+    int stage = 0, issue_stage = kStages - 1;
+    const int lane = tid % 32;
+    const int e0 = 16 * (tid / 32) + lane / 4;  // rows e0 and e0 + 8 of the accumulator fragment
+    const int quad = tid % 4;
 #pragma unroll 1
-    for (int64_t i = 0; i < tiles; ++i) {
-      const int stage = static_cast<int>(i % kStages);
+    for (int32_t i = 0; i < tiles; ++i) {
       cuda::cp_async_wait<kStages - 2>();  // this thread's copies of tile i landed
       fence_proxy_async();                 // ... and are visible to the wgmma (async proxy)
-      __syncthreads();  // everyone's copies of tile i; tile i - 1's stage is free; count stable
-      issue(i + kStages - 1, next);
+      // Everyone's copies of tile i; tile i - 1's stage is free; its appends are done and counted.
+      count += __syncthreads_count(appended);
+      issue(i + kStages - 1, issue_stage, next);
       next = locate_tile(i + kStages);
-      top.reserve(kTile);
+      if (count + kTile > top.capacity) {  // CTA-uniform; cut() starts after the barrier above
+        top.cut();
+        count = count < top.k ? count : top.k;
+        theta = top.st->theta;  // written only inside cut(), before its closing barrier
+      }
 
-      float score0 = 0.0f, score1 = 0.0f;  // rows e0 = 16 warp + lane / 4 and e0 + 8
-      const int e0 = 16 * (tid / 32) + (tid % 32) / 4;
+      float score0 = 0.0f, score1 = 0.0f;
       if (scored) {
         float d[kN / 2];
 #pragma unroll
@@ -297,17 +324,15 @@ __global__ void __launch_bounds__(kThreads) indexer_sm90_score_kernel(const Kern
         wgmma_commit();
         wgmma_wait<0>();
         wgmma_fence_operands(d);
-        // Accumulator fragment: d[4j + {0, 1}] = (e0, 8j + 2 (lane % 4) + {0, 1}), d[4j + {2, 3}]
-        // = (e0 + 8, the same heads).
-        const int hc = 2 * (tid % 4);
+        // Accumulator fragment: d[4c + {0, 1}] = (e0, 8c + hc + {0, 1}), d[4c + {2, 3}] = (e0 + 8,
+        // the same heads).
         float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
-        for (int j = 0; j < kN / 8; ++j) {
-          const float w0 = w_s[8 * j + hc], w1 = w_s[8 * j + hc + 1];
-          const float x0 = d[4 * j + 0], x1 = d[4 * j + 1], x2 = d[4 * j + 2], x3 = d[4 * j + 3];
+        for (int c = 0; c < kN / 8; ++c) {
+          const float x0 = d[4 * c + 0], x1 = d[4 * c + 1], x2 = d[4 * c + 2], x3 = d[4 * c + 3];
           // ReLU as the CPU writes it: NaN stays NaN.
-          sum0 += w0 * (x0 < 0.0f ? 0.0f : x0) + w1 * (x1 < 0.0f ? 0.0f : x1);
-          sum1 += w0 * (x2 < 0.0f ? 0.0f : x2) + w1 * (x3 < 0.0f ? 0.0f : x3);
+          sum0 += wr[c][0] * (x0 < 0.0f ? 0.0f : x0) + wr[c][1] * (x1 < 0.0f ? 0.0f : x1);
+          sum1 += wr[c][0] * (x2 < 0.0f ? 0.0f : x2) + wr[c][1] * (x3 < 0.0f ? 0.0f : x3);
         }
         sum0 += __shfl_xor_sync(0xFFFFFFFFu, sum0, 1);
         sum1 += __shfl_xor_sync(0xFFFFFFFFu, sum1, 1);
@@ -316,12 +341,23 @@ __global__ void __launch_bounds__(kThreads) indexer_sm90_score_kernel(const Kern
         score0 = scale_s[stage * kTile + e0] * sum0;
         score1 = scale_s[stage * kTile + e0 + 8] * sum1;
       }
-      if (tid % 4 == 0) {
-        const int32_t j0 = index_s[stage * kTile + e0], j1 = index_s[stage * kTile + e0 + 8];
-        if (j0 >= 0) top.offer(cuda_generic::indexer::pack(score0, static_cast<uint32_t>(j0)));
-        if (j1 >= 0) top.offer(cuda_generic::indexer::pack(score1, static_cast<uint32_t>(j1)));
+      // Lane 0 of a row quad offers row e0, lane 1 row e0 + 8; a warp's appends take one atomic.
+      const int e = quad == 1 ? e0 + 8 : e0;
+      const int32_t j = quad < 2 ? index_s[stage * kTile + e] : -1;
+      const uint64_t word = cuda_generic::indexer::pack(quad == 1 ? score1 : score0,
+                                                        static_cast<uint32_t>(j));
+      appended = j >= 0 && cuda_generic::indexer::RankWord{}(word) > theta;
+      const uint32_t want = __ballot_sync(0xFFFFFFFFu, appended);
+      if (want != 0) {  // warp-uniform
+        const int leader = __ffs(want) - 1;
+        int32_t base = 0;
+        if (lane == leader) base = atomicAdd(&top.st->count, __popc(want));
+        base = __shfl_sync(0xFFFFFFFFu, base, leader);
+        if (appended) top.buf[base + __popc(want & ((1u << lane) - 1u))] = word;
       }
-      // The next iteration's barrier orders these appends before its reserve.
+      stage = stage + 1 == kStages ? 0 : stage + 1;
+      issue_stage = issue_stage + 1 == kStages ? 0 : issue_stage + 1;
+      // The next iteration's barrier orders these appends before its cut.
     }
     cuda::cp_async_wait_all();  // the trailing empty groups
     __syncthreads();            // appends done
@@ -338,6 +374,17 @@ __global__ void __launch_bounds__(kThreads) indexer_sm90_score_kernel(const Kern
 }
 
 // ---- host side ---------------------------------------------------------------------------------
+// Items per SM of the plan: 2 (the generic rule); the lab knob SPARSEMLA_INDEXER_SM90_ITEMS_PER_SM
+// (1..8, read once per process) exists only to measure the split count (docs/lab/indexer.md).
+int64_t lab_items_per_sm() {
+  static const int64_t v = [] {
+    const char* e = std::getenv("SPARSEMLA_INDEXER_SM90_ITEMS_PER_SM");
+    const long n = e != nullptr ? std::strtol(e, nullptr, 10) : 2;
+    return static_cast<int64_t>(n >= 1 && n <= 8 ? n : 2);
+  }();
+  return v;
+}
+
 int64_t max_candidates(const IndexerParams& p) {
   return int64_t{p.block_table_width} * p.cache.block_size;
 }
@@ -377,7 +424,7 @@ size_t workspace_bytes(int64_t T, int32_t S, int32_t k) {
 IndexerSplits plan_indexer_splits_sm90(int64_t num_tokens, int64_t max_candidates, int32_t sms) {
   // The generic path's rule (about 2 * CU items, CONTRACT 11.5) in 64-entry tiles.
   return cuda_generic::plan_indexer_splits_tiled(num_tokens, max_candidates, sms, kTile,
-                                                 kMinTilesPerSplit);
+                                                 kMinTilesPerSplit, lab_items_per_sm());
 }
 
 std::string indexer_unsupported_reason(const IndexerParams& p) {
