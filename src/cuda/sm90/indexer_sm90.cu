@@ -136,12 +136,12 @@ __device__ __forceinline__ TileIssue locate(const KernelArgs& a, const int32_t* 
   if (block < 0 || block >= a.num_blocks) return it;
   const uint32_t row = j - page_index * bs;
   const uint8_t* page = a.cache + int64_t{block} * a.block_stride;
-  // Byte of (row, dim 0) in the page (format.h indexer_value_offset_in_page, 16-row tiles for
-  // SHUFFLE), then the thread's first run.
-  const uint32_t row_base =
-      a.shuffle != 0 ? (row / 16) * (16 * kDim) + (row % 16) * 16 : row * kDim;
-  it.values = page + row_base + first_run_offset;
-  it.scale = page + bs * kDim + row * 4;
+  // The page offsets of format.h (the one definition of NORMAL and SHUFFLE), then the thread's
+  // first run.
+  const auto layout = a.shuffle != 0 ? IndexerLayout::Shuffle : IndexerLayout::Normal;
+  it.values =
+      page + indexer_value_offset_in_page(layout, static_cast<int32_t>(row), 0) + first_run_offset;
+  it.scale = page + indexer_scale_offset_in_page(a.block_size, static_cast<int32_t>(row));
   it.cand = static_cast<int32_t>(j);
   return it;
 }
@@ -215,7 +215,8 @@ __global__ void __launch_bounds__(kThreads) indexer_sm90_score_kernel(const Kern
 
     // Issue of tile i into `stage`; `next` holds the located entry of tile i, found one iteration
     // before its issue. A run of SHUFFLE pages is 256 bytes after the previous one, of NORMAL 16.
-    const uint32_t run_stride = a.shuffle != 0 ? 256u : 16u;
+    const auto run_stride = static_cast<uint32_t>(indexer_value_offset_in_page(
+        a.shuffle != 0 ? IndexerLayout::Shuffle : IndexerLayout::Normal, 0, 16));
     const uint32_t first_run = run0 * run_stride;
     const uint32_t k_dst = k_addr + operand_offset(kTile, e_issue, run0);
     auto issue = [&](int32_t i, int stage, const TileIssue& it) {
