@@ -27,7 +27,6 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
-#include <cstdlib>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -342,28 +341,11 @@ __global__ void __launch_bounds__(kThreads) indexer_sm90_score_kernel(const Kern
 }
 
 // ---- host side ---------------------------------------------------------------------------------
-// From how many rows the plan takes one wave of resident CTAs (16); the lab knob
-// SPARSEMLA_INDEXER_SM90_ONE_WAVE_FROM (1..4096, read once per process) measures the rule at
-// small batches (docs/lab/indexer.md).
-int64_t lab_one_wave_from_rows() {
-  static const int64_t v = [] {
-    const char* e = std::getenv("SPARSEMLA_INDEXER_SM90_ONE_WAVE_FROM");
-    const long n = e != nullptr ? std::strtol(e, nullptr, 10) : 16;
-    return static_cast<int64_t>(n >= 1 && n <= 4096 ? n : 16);
-  }();
-  return v;
-}
-
-// Items per SM of the plan: 2 (the generic rule); the lab knob SPARSEMLA_INDEXER_SM90_ITEMS_PER_SM
-// (1..8, read once per process) exists only to measure the split count (docs/lab/indexer.md).
-int64_t lab_items_per_sm() {
-  static const int64_t v = [] {
-    const char* e = std::getenv("SPARSEMLA_INDEXER_SM90_ITEMS_PER_SM");
-    const long n = e != nullptr ? std::strtol(e, nullptr, 10) : 2;
-    return static_cast<int64_t>(n >= 1 && n <= 8 ? n : 2);
-  }();
-  return v;
-}
+// From how many rows the plan takes one wave of resident CTAs: below 16 rows the generic rule
+// (about 2 CU items) is faster, since the merge reads S x k words per row (record 1228Z: one wave
+// at 1M B = 1 75.3 us against 69.0). Two items per SM: three were slower (record 0912Z).
+constexpr int64_t kOneWaveFromRows = 16;
+constexpr int64_t kItemsPerSmBelowOneWave = 2;
 
 int64_t max_candidates(const IndexerParams& p) {
   return int64_t{p.block_table_width} * p.cache.block_size;
@@ -420,10 +402,9 @@ int32_t resident_per_sm(const IndexerParams& p) {
 
 IndexerSplits plan_indexer_splits_sm90(int64_t num_tokens, int64_t max_candidates, int32_t sms,
                                        int32_t resident_per_sm) {
-  if (num_tokens <
-      lab_one_wave_from_rows())  // the generic rule: about 2 * CU items (CONTRACT 11.5)
+  if (num_tokens < kOneWaveFromRows)  // the generic rule: about 2 * CU items (CONTRACT 11.5)
     return cuda_generic::plan_indexer_splits_tiled(num_tokens, max_candidates, sms, kTile,
-                                                   kMinTilesPerSplit, lab_items_per_sm());
+                                                   kMinTilesPerSplit, kItemsPerSmBelowOneWave);
   // One wave of resident CTAs: S = floor(slots / T) (rounding up would start a second wave for
   // a few items), so items_per_sm = slots / CU rounded down over the rows.
   const int64_t slots = int64_t{std::max(sms, 1)} * std::max(resident_per_sm, 1);
