@@ -19,6 +19,7 @@
 #include <limits>
 
 #include "cuda/common/decode_common.cuh"  // DeviceList, load_row_range: rows as the decode reads them
+#include "cuda/common/decode_params.cuh"  // device_list
 #include "cuda/common/device_info.h"
 #include "cuda/generic/context_parallel_backend.h"
 #include "cuda/generic/ops_backend.h"
@@ -305,17 +306,6 @@ struct ShardBuilder {
   __device__ int64_t length(const RowsOut& out, int64_t r) const { return out.indptr[r + 1]; }
 };
 
-DeviceList shard_input(const IndexList& l) {  // as decode_params.cu's device_list
-  if (!l.dense()) return {l.indices, l.indptr, l.capacity, 0, nullptr, 1, 0};
-  return {l.indices,
-          nullptr,
-          l.capacity,
-          l.dense_stride != 0 ? l.dense_stride : l.width,
-          l.lengths,
-          l.rows_per_length,
-          static_cast<int32_t>(l.width)};
-}
-
 __global__ void __launch_bounds__(kFillThreads)
     shard_count_kernel(const RowsOut out, const ShardBuilder b) {
   for (int64_t r = blockIdx.x; r < out.num_rows; r += gridDim.x) {
@@ -407,7 +397,7 @@ void build_compressed_all_lists(const CompressedAllListParams& p) {
 }
 
 void shard_list(const ShardListParams& p) {
-  const ShardBuilder b{shard_input(p.list), p.num_ranks, p.rank, p.interleave, p.num_slots};
+  const ShardBuilder b{cuda::device_list(p.list), p.num_ranks, p.rank, p.interleave, p.num_slots};
   const RowsOut out = rows_out(p.common, p.out);
   const cudaStream_t s = as_stream(p.common.stream);
   if (out.num_rows > 0) shard_count_kernel<<<grid_for(out.num_rows), kFillThreads, 0, s>>>(out, b);
