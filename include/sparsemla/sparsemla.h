@@ -2,6 +2,7 @@
 #pragma once
 
 #include "sparsemla/backend.h"
+#include "sparsemla/context_parallel.h"
 #include "sparsemla/decode.h"
 #include "sparsemla/error.h"
 #include "sparsemla/format.h"

@@ -26,9 +26,9 @@ from ._ops import (BYTES_PER_TOKEN, DEFAULT_SCALE, INDEXER_BYTES_PER_TOKEN, Deco
                    dequantize_indexer_rows, dequantize_rows, float_to_bf16_bits,
                    gather_indexer_keys, indexer_candidates_from_positions,
                    indexer_q_prep, indexer_topk, indexer_workspace_size, INDEXER_MAX_TOPK,
-                   inverse_rope, is_supported, max_compressed_entries,
+                   inverse_rope, is_supported, max_compressed_entries, merge_ranks,
                    plan_decode, plan_decode_for, quantize, quantize_indexer, sparse_decode,
-                   sparse_decode_reference, unsupported_reason, verify_decode_output,
+                   shard_list, sparse_decode_reference, unsupported_reason, verify_decode_output,
                    write_compressor_state, write_window)
 
 __version__ = _C.__version__
@@ -51,8 +51,8 @@ __all__ = [
     "DecodePlan", "DEFAULT_SCALE", "dequantize_indexer_rows", "dequantize_rows", "Error",
     "flashmla", "float_to_bf16_bits", "gather_indexer_keys", "HAS_TORCH_OPS",
     "INDEXER_BYTES_PER_TOKEN", "indexer_candidates_from_positions", "INDEXER_MAX_TOPK",
-    "indexer_q_prep", "indexer_topk", "indexer_workspace_size", "inverse_rope", "is_supported", "max_compressed_entries",
-    "plan_decode", "plan_decode_for", "quantize", "quantize_indexer", "sparse_decode",
+    "indexer_q_prep", "indexer_topk", "indexer_workspace_size", "inverse_rope", "is_supported", "max_compressed_entries", "merge_ranks",
+    "plan_decode", "plan_decode_for", "quantize", "quantize_indexer", "shard_list", "sparse_decode",
     "sparse_decode_reference", "testing", "unsupported_reason", "verify_decode_output",
     "write_compressor_state", "write_window",
 ]

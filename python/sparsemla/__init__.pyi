@@ -61,6 +61,15 @@ def build_rope_table(positions: int, layer: Literal["window", "compressed", "cus
                      yarn_original_len: int = 65536, yarn_beta_fast: float = 32.0,
                      yarn_beta_slow: float = 1.0) -> _Array: ...
 def inverse_rope(x: _Array, positions: _Array, rope: _Array, *, path: _Path = "auto") -> _Array: ...
+def merge_ranks(rank_out: _Array, rank_lse: _Array, *, sink: _Array | None = None,
+                positions: _Array | None = None, rope: _Array | None = None,
+                out: _Array | None = None, lse: _Array | None = None, return_lse: bool = True,
+                path: _Path = "auto") -> tuple[_Array, _Array | None]: ...
+def shard_list(indices: _Array, indptr: _Array | None = None, *, num_ranks: int, rank: int,
+               interleave: int = 1, num_slots: int = 0, lengths: _Array | None = None,
+               width: int | None = None, row_valid: _Array | None = None,
+               out: tuple[_Array, _Array] | None = None,
+               path: _Path = "auto") -> tuple[_Array, _Array]: ...
 def write_window(kv: _Array, positions: _Array, slots: _Array, rope: _Array, cache: _Array, *,
                  block_size: int | None = None, sanitise: bool = True,
                  path: _Path = "auto") -> _Array: ...
@@ -165,7 +174,8 @@ __all__ = [
     "flashmla", "float_to_bf16_bits", "gather_indexer_keys", "HAS_TORCH_OPS",
     "INDEXER_BYTES_PER_TOKEN", "indexer_candidates_from_positions", "INDEXER_MAX_TOPK",
     "indexer_q_prep", "indexer_topk", "indexer_workspace_size", "inverse_rope", "is_supported", "max_compressed_entries",
-    "plan_decode", "plan_decode_for", "quantize", "quantize_indexer", "sparse_decode",
+    "merge_ranks", "plan_decode", "plan_decode_for", "quantize", "quantize_indexer", "shard_list",
+    "sparse_decode",
     "sparse_decode_reference", "testing", "unsupported_reason", "verify_decode_output",
     "write_compressor_state", "write_window",
 ]

@@ -779,6 +779,89 @@ def indexer_q_prep(q, positions, rope, w_raw, *, q_out=None, w_out=None, path="a
     return q_out, w_out
 
 
+# ---- decode context parallelism (CONTRACT 12) --------------------------------------------------------
+def _r_merge_ranks(rank_out, rank_lse, sink, positions, rope, out, lse, path):
+    with _guard(out):
+        _C.merge_ranks(_dl("rank_out", rank_out), _dl("rank_lse", rank_lse), _dl("sink", sink),
+                       _dl("positions", positions), _dl("rope", rope), _dl("out", out),
+                       _dl("lse", lse), path, _stream(out))
+
+
+def merge_ranks(rank_out, rank_lse, *, sink=None, positions=None, rope=None, out=None, lse=None,
+                return_lse=True, path="auto"):
+    """Merges the decode results of R context-parallel ranks (CONTRACT 12.1) and applies the sink
+    once: the exact combination of one softmax over all the ranks' keys.
+
+    rank_out: bf16 (or fp32, the more accurate option) ``[R, T, H, 512]``, each rank's
+    :func:`sparse_decode` output computed **without** the sink; rank_lse: fp32 ``[R, T, H]``,
+    their lse (natural log, without the sink, ``+inf`` for a rank with no valid key: such a rank
+    contributes nothing and its output is never read). Per (t, h), with ``M = max(max_r lse_r,
+    sink_h)``: ``out = sum_r exp(lse_r - M) out_r / (sum_r exp(lse_r - M) + exp(sink_h - M))``,
+    then the inverse RoPE at ``positions`` with ``rope`` when given; merged ``lse = log sum_r
+    exp(lse_r)`` (never includes the sink; ``+inf`` when every rank is empty, whose output is 0).
+    sink: fp32 ``[H]`` or None. out: bf16 ``[T, H, 512]`` and lse: fp32 ``[T, H]`` written in place
+    (else allocated; ``return_lse=False`` skips the lse). The CPU backend and the CUDA kernel give
+    the same bits. Returns ``(out, lse)`` (lse None when not requested).
+    """
+    op = "merge_ranks"
+    _arrays(op, required=[("rank_out", rank_out, 4), ("rank_lse", rank_lse, 3)],
+            optional=[("sink", sink, 1), ("positions", positions, 1), ("rope", rope, 2)],
+            optional_written=[("out", out, 3), ("lse", lse, 2)])
+    path = _ck.path(op, path)
+    _, t, h, _ = rank_out.shape
+    if out is None:  # bf16: torch.bfloat16 for tensors, uint16 bf16 bits for numpy
+        out = (_torch_mod().empty((t, h, 512), dtype=_torch_mod().bfloat16, device=rank_lse.device)
+               if _is_tensor(rank_lse) else np.empty((t, h, 512), dtype=np.uint16))
+    if lse is None and return_lse:
+        lse = _empty(rank_lse, (t, h), "float32")
+    _dispatch("merge_ranks", _r_merge_ranks, out,
+              (rank_out, rank_lse, sink, positions, rope, out, lse, path))
+    return out, lse
+
+
+def _r_shard_list(indices, indptr, lengths, num_ranks, rank, interleave, num_slots, row_valid,
+                  out_indices, out_indptr, width, path):
+    with _guard(out_indptr):
+        _C.shard_list(_dl("indices", indices), _dl("indptr", indptr), _dl("lengths", lengths),
+                      num_ranks, rank, interleave, num_slots, _dl("row_valid", row_valid),
+                      _dl("out_indices", out_indices), _dl("out_indptr", out_indptr), width, path,
+                      _stream(out_indptr))
+
+
+def shard_list(indices, indptr=None, *, num_ranks, rank, interleave=1, num_slots=0, lengths=None,
+               width=None, row_valid=None, out=None, path="auto"):
+    """Rank ``rank``'s part of a list (CONTRACT 12.2): row t keeps, in order, the entries ``v`` of
+    row t with ``0 <= v`` (``< num_slots`` when > 0) and ``(v // interleave) % num_ranks == rank``,
+    as the local slots ``(v // (interleave*num_ranks)) * interleave + v % interleave`` (vLLM's
+    decode-context-parallel interleave over the virtual block table of page size
+    ``num_ranks * block_size``). The list: ragged ``(indices int32 [cap], indptr int32 [T+1])``,
+    or dense ``indices`` int32 ``[T, W]`` (``indptr=None``) with optional per-row ``lengths``
+    ``[T]``. width: the output's row width W (default: the input's, ``W`` of a dense list or
+    ``cap // T``); every rank's row must fit it. row_valid, out as in
+    :func:`build_ragged_from_dense`. Returns ``(indices, indptr)`` (planner width W)."""
+    op = "shard_list"
+    _arrays(op, required=[("indices", indices)],
+            optional=[("indptr", indptr, 1), ("lengths", lengths, 1), ("row_valid", row_valid, 1)])
+    _ck.out_pair(op, out)
+    num_ranks = _ck.integer(op, "num_ranks", num_ranks, 1, 1024)
+    rank = _ck.integer(op, "rank", rank, 0, num_ranks - 1)
+    interleave = _ck.integer(op, "interleave", interleave, 1, _ck.I32_MAX)
+    num_slots = _ck.integer(op, "num_slots", num_slots)
+    if indptr is None:
+        t = indices.shape[0]
+        default_width = indices.shape[1] if len(indices.shape) == 2 else 1
+    else:
+        t = indptr.shape[0] - 1
+        default_width = indices.shape[0] // t if t > 0 else 1
+    width = _ck.integer(op, "width", default_width if width is None else width, 1, _ck.I32_MAX)
+    path = _ck.path(op, path)
+    out_indices, out_indptr = _outs(out, indices, max(t, 0), width)
+    _dispatch("shard_list", _r_shard_list, out_indptr,
+              (indices, indptr, lengths, num_ranks, rank, interleave, num_slots, row_valid,
+               out_indices, out_indptr, width, path))
+    return out_indices, out_indptr
+
+
 # ---- planners and gates ----------------------------------------------------------------------------------
 def plan_generic(num_tokens, num_heads, width_main, width_extra, num_sms):
     """Generic split selector of CONTRACT 4.4 (cap 16): S from T, hb = ceil(H/16), the lists' dense

@@ -134,6 +134,24 @@ def indexer_q_prep(q: Tensor, positions: Tensor, rope: Tensor, w_raw: Tensor, q_
     _ops._r_indexer_q_prep(q, positions, rope, w_raw, q_out, w_out, path)
 
 
+@_op("merge_ranks", ("out", "lse"))
+def merge_ranks(rank_out: Tensor, rank_lse: Tensor, sink: Optional[Tensor],
+                positions: Optional[Tensor], rope: Optional[Tensor], out: Tensor,
+                lse: Optional[Tensor], path: str) -> None:
+    """Context-parallel merge of the ranks' (out, lse), sink applied once (sparsemla.merge_ranks)."""
+    _ops._r_merge_ranks(rank_out, rank_lse, sink, positions, rope, out, lse, path)
+
+
+@_op("shard_list", ("out_indices", "out_indptr"))
+def shard_list(indices: Tensor, indptr: Optional[Tensor], lengths: Optional[Tensor],
+               num_ranks: int, rank: int, interleave: int, num_slots: int,
+               row_valid: Optional[Tensor], out_indices: Tensor, out_indptr: Tensor, width: int,
+               path: str) -> None:
+    """One rank's part of a list, local slot ids (sparsemla.shard_list)."""
+    _ops._r_shard_list(indices, indptr, lengths, num_ranks, rank, interleave, num_slots,
+                       row_valid, out_indices, out_indptr, width, path)
+
+
 @_op("sparse_decode_out", ("out", "lse", "workspace"))
 def sparse_decode_out(inputs: List[Optional[Tensor]], out: Tensor, lse: Optional[Tensor],
                       workspace: Optional[Tensor], config: List[int], scale: float, path: str,
@@ -172,7 +190,7 @@ def _no_output(*args, **kwargs):
 for _dest in (write_window, write_compressor_state, compress, compress_indexer, gather_indexer_keys,
               build_ragged_from_dense, build_window_lists, build_topk_lists,
               build_compressed_all_lists, inverse_rope, indexer_topk, indexer_q_prep,
-              sparse_decode_out):
+              merge_ranks, shard_list, sparse_decode_out):
     _dest.register_fake(_no_output)
 
 _ops._TORCH = torch

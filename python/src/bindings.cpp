@@ -1041,6 +1041,108 @@ void py_inverse_rope(const Out& x, const In& positions, const In& rope, const st
   inverse_rope_inplace(data, T, H, st, sh, pos, r, pt, stream_of(stream));
 }
 
+// ---- decode context parallelism (CONTRACT 12) ---------------------------------------------------
+// rank_out: bf16 or fp32 [R, T, H, 512] (last axis contiguous, positive strides); rank_lse: fp32
+// [R, T, H]; out: bf16 [T, H, 512]; lse: fp32 [T, H] or None.
+void py_merge_ranks(const In& rank_out, const In& rank_lse, const In& sink, const In& positions,
+                    const In& rope, const Out& out, const Out& lse, const std::string& path,
+                    uintptr_t stream) {
+  Call c("merge_ranks");
+  RankMergeParams p;
+  if (!rank_out.is_valid()) c.fail("rank_out", "an array", "None");
+  const bool f32 = dtype_is(rank_out.dtype(), Kind::F32);
+  c.check("rank_out", rank_out, f32 ? Kind::F32 : Kind::Bf16, 4);
+  c.last_contiguous("rank_out", rank_out);
+  c.positive_strides("rank_out", rank_out);
+  c.dim("rank_out", rank_out, 3, Fp8DsMla::kHeadDim, "512");
+  const int64_t R = static_cast<int64_t>(rank_out.shape(0)),
+                T = static_cast<int64_t>(rank_out.shape(1));
+  const int64_t H = static_cast<int64_t>(rank_out.shape(2));
+  if (R > INT32_MAX || H > INT32_MAX)
+    c.fail("rank_out", "fewer than 2^31 ranks and heads", shape_text(rank_out));
+  p.num_ranks = static_cast<int32_t>(R);
+  p.num_tokens = T;
+  p.num_heads = static_cast<int32_t>(H);
+  if (f32) {
+    p.rank_out_f32 = ptr<const float>(rank_out);
+  } else {
+    p.rank_out = ptr<const bf16_bits>(rank_out);
+  }
+  p.rank_out_stride_rank = Call::stride_or_default(rank_out, 0);
+  p.rank_out_stride_token = Call::stride_or_default(rank_out, 1);
+  p.rank_out_stride_head = H <= 1 ? 512 : rank_out.stride(2);
+  c.check("rank_lse", rank_lse, Kind::F32, 3);
+  c.positive_strides("rank_lse", rank_lse);
+  for (int i = 0; i < 3; ++i)
+    c.dim("rank_lse", rank_lse, i, static_cast<int64_t>(rank_out.shape(i)),
+          "rank_out.shape[" + std::to_string(i) + "]");
+  p.rank_lse = ptr<const float>(rank_lse);
+  p.rank_lse_stride_rank = Call::stride_or_default(rank_lse, 0);
+  p.rank_lse_stride_token = Call::stride_or_default(rank_lse, 1);
+  p.rank_lse_stride_head = H <= 1 ? 1 : rank_lse.stride(2);
+  p.sink = c.opt_vec<const float>("sink", sink, Kind::F32, H, "H (rank_out.shape[2])");
+  if (positions.is_valid()) {
+    c.vec("positions", positions, Kind::I64, T, "T (rank_out.shape[1])");
+    p.positions = ptr<const int64_t>(positions);
+    if (!rope.is_valid()) c.fail("rope", "a table with positions", "None");
+    p.rope = rope_table(c, "rope", rope);
+  }
+  heads(c, "out", out, T, H);
+  p.out = ptr<bf16_bits>(out);
+  p.out_stride_token = Call::stride_or_default(out, 0);
+  p.out_stride_head = H <= 1 ? 512 : out.stride(1);
+  if (lse.is_valid()) {
+    c.check("lse", lse, Kind::F32, 2);
+    c.positive_strides("lse", lse);
+    c.dim("lse", lse, 0, T, "T");
+    c.dim("lse", lse, 1, H, "H");
+    p.lse = ptr<float>(lse);
+    p.lse_stride_token = Call::stride_or_default(lse, 0);
+    p.lse_stride_head = H <= 1 ? 1 : lse.stride(1);
+  }
+  p.path = path_of(path);
+  p.stream = stream_of(stream);
+  nb::gil_scoped_release release;
+  merge_ranks(p);
+}
+
+// indices: ragged int32 [cap] with indptr int32 [T+1], or dense int32 [T, W] (indptr None) with
+// lengths int32 [T] or None.
+void py_shard_list(const In& indices, const In& indptr, const In& lengths, int32_t num_ranks,
+                   int32_t rank, int32_t interleave, int64_t num_slots, const In& row_valid,
+                   const Out& out_indices, const Out& out_indptr, int64_t width,
+                   const std::string& path, uintptr_t stream) {
+  Call c("shard_list");
+  ShardListParams p;
+  int64_t T = 0;
+  if (indptr.is_valid()) {
+    c.vec("indices", indices, Kind::I32, -1, "");
+    T = c.vec("indptr", indptr, Kind::I32, -1, "") - 1;
+    if (T < 0) c.fail("indptr", "T+1 >= 1 entries", "0");
+    p.list.indices = ptr<const int32_t>(indices);
+    p.list.indptr = ptr<const int32_t>(indptr);
+    p.list.capacity = static_cast<int64_t>(indices.shape(0));
+  } else {
+    c.check("indices", indices, Kind::I32, 2);
+    T = static_cast<int64_t>(indices.shape(0));
+    const int64_t w = static_cast<int64_t>(indices.shape(1));
+    p.list.dense_stride = rows(c, "indices", indices, Kind::I32, T, w, "T");
+    p.list.indices = ptr<const int32_t>(indices);
+    p.list.width = w;
+    p.list.capacity = T == 0 ? 0 : (T - 1) * p.list.dense_stride + w;
+    p.list.lengths =
+        c.opt_vec<const int32_t>("lengths", lengths, Kind::I32, T, "T (indices.shape[0])");
+  }
+  p.num_ranks = num_ranks;
+  p.rank = rank;
+  p.interleave = interleave;
+  p.num_slots = num_slots;
+  p.common = build_common(c, T, row_valid, path, stream);
+  p.out = ragged_out(c, out_indices, out_indptr, T, width);
+  nb::gil_scoped_release release;
+  shard_list(p);
+}
+
 nb::dict py_verify(const In& out, const In& ref, const In& abs_mean) {
   Call c("verify_decode_output");
   heads(c, "out", out);
@@ -1422,6 +1524,11 @@ NB_MODULE(_C, m) {
       "args"_a);
   m.def("inverse_rope", &py_inverse_rope, "x"_a, "positions"_a, "rope"_a, "path"_a, "stream"_a = 0);
   m.def("verify_decode_output", &py_verify, "out"_a, "ref"_a, "abs_mean"_a);
+  m.def("merge_ranks", &py_merge_ranks, "rank_out"_a, "rank_lse"_a, "sink"_a.none(),
+        "positions"_a.none(), "rope"_a.none(), "out"_a, "lse"_a.none(), "path"_a, "stream"_a = 0);
+  m.def("shard_list", &py_shard_list, "indices"_a, "indptr"_a.none(), "lengths"_a.none(),
+        "num_ranks"_a, "rank"_a, "interleave"_a, "num_slots"_a, "row_valid"_a.none(),
+        "out_indices"_a, "out_indptr"_a, "width"_a, "path"_a, "stream"_a = 0);
   m.def("build_rope_table", &rope_table_fill, "out"_a, "layer"_a, "theta"_a, "yarn"_a, "factor"_a,
         "original_len"_a, "beta_fast"_a, "beta_slow"_a);
 }

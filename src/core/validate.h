@@ -34,6 +34,20 @@ void check_aligned(const char* op, const std::string& arg, const T* ptr) {
                       static_cast<const void*>(ptr));
 }
 
+// The decode's operand and list checks (src/core/validate_decode.cpp), shared with the
+// context-parallel ops (src/core/validate_context_parallel.cpp). A [T, H, 512] operand read
+// (rows at least 512 apart) or written (rows also disjoint); prefix names the stride fields
+// ("q_" -> q_stride_head, q_stride_token).
+void check_read_strides(const char* op, const char* prefix, int64_t T, int32_t H, int64_t st,
+                        int64_t sh);
+void check_write_strides(const char* op, const char* prefix, int64_t T, int32_t H, int64_t st,
+                         int64_t sh, int64_t row_len);
+// A list of T rows (CONTRACT 4.6): shape and pointers (device-safe); check_list_rows also reads a
+// ragged list's host indptr[0..T]; check_positions every position against the table.
+void check_list_shape(const char* op, const char* name, const IndexList& list, int64_t T);
+void check_list_rows(const char* op, const char* name, const IndexList& list, int64_t T);
+void check_positions(const char* op, const int64_t* positions, int64_t T, const RopeTable& rope);
+
 // Per operation (src/core/validate_writers.cpp, validate_gather.cpp, validate_decode.cpp,
 // validate_lists.cpp).
 // Writers: host_data = false skips the per-token checks that read slots, positions, request

@@ -50,6 +50,8 @@ void check_operand_extent(const char* op, const std::string& s, int64_t T, int32
                       st);
 }
 
+}  // namespace
+
 // A read-only [T, H, row] operand: heads and tokens at least one row apart (aliasing is harmless).
 void check_read_strides(const char* op, const char* prefix, int64_t T, int32_t H, int64_t st,
                         int64_t sh) {
@@ -76,6 +78,8 @@ void check_write_strides(const char* op, const char* prefix, int64_t T, int32_t 
                           "head >= " + std::to_string(tokens_span) + ")",
                       st);
 }
+
+namespace {
 
 int64_t token_stride(int64_t stride, int32_t H, int64_t row) {
   return stride != 0 ? stride : H * row;
@@ -118,6 +122,8 @@ void check_dense_list(const char* op, const char* name, const IndexList& list, i
   if (list.lengths != nullptr) check_aligned(op, field(name, "lengths"), list.lengths);
 }
 
+}  // namespace
+
 void check_list_shape(const char* op, const char* name, const IndexList& list, int64_t T) {
   SPARSEMLA_CHECK_ARG(list.capacity >= 0, op, field(name, "capacity"), ">= 0", list.capacity);
   SPARSEMLA_CHECK_ARG(list.width >= 0, op, field(name, "width"), ">= 0", list.width);
@@ -154,8 +160,6 @@ void check_positions(const char* op, const int64_t* positions, int64_t T, const 
                         "in [0, rope.rows) = [0, " + std::to_string(rope.rows) + ")", positions[t]);
   }
 }
-
-}  // namespace
 
 void validate_decode(const char* op, const DecodeParams& p, bool check_outputs) {
   const int64_t T = p.num_tokens;

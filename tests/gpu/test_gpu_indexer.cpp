@@ -478,6 +478,46 @@ TEST(GpuIndexerGeneric, KAboveNtSelectsEveryCandidateK2048) {
   EXPECT_EQ(og.lengths, o.lengths);
 }
 
+// Many cuts per row (the top-k buffer's radix cut and the merges' cuts, indexer_select.cuh): k from
+// 1 to 2048 over rows of 65,536 candidates at T = 4 (~66 splits: the lanes merge) and of 16,384 at
+// T = 40 (~7 splits: the one-list-at-a-time merge), exact data (bit-identical on every path); row
+// pattern t % 4: 0 full length, 1 a zero query (every score +0: the selection decided by index
+// alone), 2 a length off the tile grid, 3 fewer candidates than k (k = 1: none). Both orders,
+// with and without scores.
+void expect_many_cuts_rows_equal_cpu(Rng& rng, Path path) {
+  struct Shape {
+    int64_t T;
+    int32_t Wt;
+  };
+  const int32_t ibs = 64, H = 4;
+  for (const Shape sh : {Shape{4, 1024}, Shape{40, 256}}) {
+    for (const int32_t k : {1, 7, 64, 300, 2048}) {
+      const std::string what = "T=" + std::to_string(sh.T) + " n=" + std::to_string(sh.Wt * ibs) +
+                               " k=" + std::to_string(k);
+      SCOPED_TRACE(what);
+      IndexerCase c = make_indexer_case(rng, sh.T, H, ibs, 1, sh.Wt, k, k + 3);
+      fill_exact(rng, c);
+      for (int64_t t = 0; t < c.T; ++t) {
+        const int64_t pattern = t % 4;
+        c.row_req[t] = 0;
+        c.n[t] = pattern == 2 ? sh.Wt * ibs - 77 : pattern == 3 ? k / 2 : sh.Wt * ibs;
+        if (pattern == 1) {
+          for (int64_t i = t * H * 128; i < (t + 1) * H * 128; ++i) c.q[i] = small_e4m3(0);
+        }
+      }
+      const DeviceIndexerCase d(c);
+      expect_gpu_equals_cpu(c, d, what, path);
+    }
+  }
+}
+
+TEST(GpuIndexerGeneric, ManyCutsPerRowK1ToK2048AllEqualRowsAndKAboveNBothMerges) {
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  expect_many_cuts_rows_equal_cpu(rng, Path::CudaGeneric);
+}
+
 // 11.8.7: pages placed past byte offset 2^31 of the cache (int64 addressing); the same results as
 // the unshifted case on the CPU.
 TEST(GpuIndexerGeneric, PageOffsetsBeyond2To31) {
@@ -901,6 +941,14 @@ TEST(GpuIndexerSm90, TiesLongRowsNanKeysAndInvalidPagesBitIdenticalToCpu) {
     const DeviceIndexerCase d(c);
     expect_gpu_equals_cpu(c, d, "invalid", Path::CudaSm90);
   }
+}
+
+TEST(GpuIndexerSm90, ManyCutsPerRowK1ToK2048AllEqualRowsAndKAboveNBothMerges) {
+  SPARSEMLA_REQUIRE_SM90();
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  expect_many_cuts_rows_equal_cpu(rng, Path::CudaSm90);
 }
 
 // Random bytes at model magnitudes (fill_random), H = 64 (DSV4) and 1, 16, 100, 128, MTP rows of

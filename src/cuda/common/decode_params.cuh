@@ -48,6 +48,10 @@ struct DecodeKernelParams {
 DecodeKernelParams decode_kernel_params(const DecodeParams& p, const DecodePlan& plan,
                                         void* workspace, bool specialised);
 
+// An index list (ragged or dense) as the kernels read it (DeviceList); also the shard kernels'
+// input (cuda/generic/lists.cu).
+DeviceList device_list(const IndexList& l);
+
 // The check every CUDA decode launch makes beyond dispatch's: T fits the grid.
 void check_decode_launch(const DecodeParams& p);
 

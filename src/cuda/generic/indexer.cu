@@ -51,7 +51,10 @@ constexpr int64_t kMaxGrid = std::numeric_limits<int32_t>::max();
 
 // ---- host side ---------------------------------------------------------------------------------
 constexpr int32_t kMaxCapacity = 4096;  // score_capacity / merge_capacity at k = 2048
-static_assert(kIndexerMaxTopk + kThreads <= kMaxCapacity, "buffers at k = 2048");
+static_assert(kIndexerMaxTopk + kThreads * kMergeWordsPerThread <= kMaxCapacity &&
+                  kIndexerMaxTopk + kThreads * kMergeWordsPerLane <= kMaxCapacity &&
+                  kMergeMinCapacity <= kMaxCapacity,
+              "buffers at k = 2048");
 constexpr int64_t kMaxScoreSmem = score_smem_bytes(kMaxCapacity, 128);
 
 // The score kernel's dynamic shared memory can pass 48 KiB (66.4 KB at k = 2048, H = 128): opt in
@@ -82,16 +85,16 @@ int64_t max_candidates(const IndexerParams& p) {
   return int64_t{p.block_table_width} * p.cache.block_size;
 }
 
-size_t workspace_bytes(int64_t T, int32_t S, int32_t k) {
-  const int64_t items = T * S;
-  const int64_t counts = (items * 4 + 7) / 8 * 8;
-  return static_cast<size_t>(items * k * 8 + counts);
-}
-
 }  // namespace
 
 IndexerSplits plan_indexer_splits(int64_t num_tokens, int64_t max_candidates, int32_t sms) {
   return plan_indexer_splits_tiled(num_tokens, max_candidates, sms, kTile, kMinTilesPerSplit);
+}
+
+size_t indexer_workspace_bytes(int64_t T, int32_t S, int32_t k) {
+  const int64_t items = T * S;
+  const int64_t counts = (items * 4 + 7) / 8 * 8;
+  return static_cast<size_t>(items * k * 8 + counts);
 }
 
 IndexerSplits plan_indexer_splits_tiled(int64_t num_tokens, int64_t max_candidates, int32_t sms,
@@ -116,7 +119,7 @@ size_t indexer_workspace_size(const IndexerParams& p) {
   if (p.num_tokens == 0) return 0;
   const IndexerSplits sp =
       plan_indexer_splits(p.num_tokens, max_candidates(p), cuda::current_device_sms());
-  return workspace_bytes(p.num_tokens, sp.num_splits, p.topk);
+  return indexer_workspace_bytes(p.num_tokens, sp.num_splits, p.topk);
 }
 
 indexer::KernelArgs make_indexer_args(const IndexerParams& p, const IndexerSplits& sp,

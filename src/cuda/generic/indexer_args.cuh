@@ -75,7 +75,7 @@ __host__ __device__ constexpr int64_t score_smem_bytes(int32_t capacity, int32_t
 constexpr int64_t merge_smem_bytes(int32_t capacity) {
   return int64_t{capacity} * 8 + int64_t{sizeof(TopkState)};
 }
-static_assert(sizeof(TopkState) == 16, "16-byte parts keep the float4 rows aligned");
+static_assert(sizeof(TopkState) % 16 == 0, "16-byte parts keep the float4 rows aligned");
 
 inline int32_t pow2_at_least(int64_t n) {
   int32_t p = 1;
@@ -83,12 +83,18 @@ inline int32_t pow2_at_least(int64_t n) {
   return p;
 }
 // Buffers hold k plus one step of appends (a tile in the score kernel, a block of list words in
-// the merge).
+// the merge), a power of two (>= next_pow2(k): cut_sorted sorts next_pow2(k) words in place).
 inline int32_t score_capacity(int32_t k) {
   return std::max(64, pow2_at_least(int64_t{k} + kTile));
 }
+// The one-list-at-a-time merge reads kMergeWordsPerThread words per thread and step; its buffer is
+// at least 4,096 words (32 KB: under the 48 KB of shared memory that needs no opt-in), so at k =
+// 512 a row of 8 lists of 512 is cut once, at the end.
+constexpr int kMergeWordsPerThread = 4;
+constexpr int32_t kMergeMinCapacity = 4096;
 inline int32_t merge_capacity(int32_t k) {
-  return pow2_at_least(int64_t{k} + kThreads);
+  return std::max(kMergeMinCapacity,
+                  pow2_at_least(int64_t{k} + int64_t{kThreads} * kMergeWordsPerThread));
 }
 
 // ---- device helpers ----------------------------------------------------------------------------

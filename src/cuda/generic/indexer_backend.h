@@ -26,6 +26,10 @@ IndexerSplits plan_indexer_splits_tiled(int64_t num_tokens, int64_t max_candidat
                                         int64_t tile, int64_t min_tiles_per_split,
                                         int64_t items_per_sm = 2);
 
+// Workspace bytes of S splits per row, for either CUDA path: (score, index) pairs uint64
+// [T, S, k] + counts int32 [T, S] (8-byte aligned).
+size_t indexer_workspace_bytes(int64_t T, int32_t S, int32_t k);
+
 // Workspace bytes of a call on the current device: (score, index) pairs uint64 [T, S, k] + counts
 // int32 [T, S] (8-byte aligned); 0 when T = 0.
 size_t indexer_workspace_size(const IndexerParams& p);

@@ -116,7 +116,8 @@ __global__ void __launch_bounds__(kThreads, 1) indexer_score_kernel(const Kernel
       }
       __syncthreads();  // appends done; the next tile may restage
     }
-    top.cut();  // sorted by rank, count = min(count, k)
+    top.cut_sorted();  // sorted by rank (the merge leaves a list at its first word that cannot
+                       // enter), count = min(count, k)
     const int32_t kept = top.st->count;
     uint64_t* out = a.ws_pairs + item * a.topk;
     for (int32_t i = tid; i < kept; i += kThreads) out[i] = top.buf[i];
@@ -125,7 +126,25 @@ __global__ void __launch_bounds__(kThreads, 1) indexer_score_kernel(const Kernel
   }
 }
 
-// ---- merge kernel ------------------------------------------------------------------------------
+// ---- merge kernels ------------------------------------------------------------------------------
+// The row's last cut, then its output order in buf[0, count): ByScore by rank (cut_sorted), ByIndex
+// the unordered cut sorted by index. Ends with a barrier.
+__device__ __forceinline__ void finish_row(const TopkBuffer& top, bool by_score) {
+  if (by_score) {
+    top.cut_sorted();
+    return;
+  }
+  top.cut();
+  const int32_t len = top.st->count;
+  const int32_t P = indexer::next_pow2(len);
+  for (int32_t i = len + static_cast<int32_t>(threadIdx.x); i < P; i += kThreads)
+    top.buf[i] = kSentinel;
+  __syncthreads();
+  indexer::block_sort_descending_fast(top.buf, P, indexer::IndexWord{});
+}
+
+// Few splits: one list at a time, kMergeWordsPerThread * kThreads words of it per step (one
+// dependent read), through a buffer of merge_capacity(k) words (indexer_args.cuh).
 __global__ void __launch_bounds__(kThreads) indexer_merge_kernel(const KernelArgs a) {
   extern __shared__ __align__(16) unsigned char smem[];
   const TopkBuffer top{reinterpret_cast<uint64_t*>(smem),
@@ -139,22 +158,26 @@ __global__ void __launch_bounds__(kThreads) indexer_merge_kernel(const KernelArg
       const int64_t item = t * a.num_splits + s;
       const int32_t m = a.ws_counts[item];  // <= k, written by the score kernel of this call
       const uint64_t* part = a.ws_pairs + item * a.topk;
-      for (int32_t base = 0; base < m; base += kThreads) {
-        top.reserve(kThreads);
+      for (int32_t base = 0; base < m; base += kThreads * kMergeWordsPerThread) {
+        const int32_t step = min(kThreads * kMergeWordsPerThread, m - base);  // CTA-uniform
+        top.reserve(step);
+        uint64_t w[kMergeWordsPerThread];  // every load issued before the exit test uses one
+#pragma unroll
+        for (int v = 0; v < kMergeWordsPerThread; ++v) {
+          const int32_t i = base + v * kThreads + tid;
+          w[v] = i < m ? part[i] : kSentinel;
+        }
         // The list is sorted by rank: once its next word cannot enter, none after it can.
         if (rank(part[base]) <= top.st->theta) break;  // CTA-uniform
-        if (base + tid < m) top.offer(part[base + tid]);
+#pragma unroll
+        for (int v = 0; v < kMergeWordsPerThread; ++v) {
+          if (base + v * kThreads + tid < m) top.offer(w[v]);
+        }
         __syncthreads();
       }
     }
-    top.cut();
+    finish_row(top, a.by_score != 0);
     const int32_t len = top.st->count;  // min(k, |C_t|)
-    if (a.by_score == 0) {
-      const int32_t P = indexer::next_pow2(len);
-      for (int32_t i = len + tid; i < P; i += kThreads) top.buf[i] = kSentinel;
-      __syncthreads();
-      indexer::block_sort_descending(top.buf, P, indexer::IndexWord{});
-    }
     int32_t* idx = a.indices + t * a.indices_stride;
     float* sc = a.scores != nullptr ? a.scores + t * a.scores_stride : nullptr;
     const float neg_inf = __uint_as_float(0xFF800000u);
@@ -172,12 +195,12 @@ __global__ void __launch_bounds__(kThreads) indexer_merge_kernel(const KernelArg
 // ---- merge kernel for many splits
 // ---------------------------------------------------------------- The same selection with the
 // lists read in parallel: lane s of a 256-list round owns list base + s and offers
-// kMergeWordsPerLane words of it per step (both loads issued before either is used); a list leaves
+// kMergeWordsPerLane words of it per step (every load issued before any is used); a list leaves
 // at its first word that cannot enter (sorted by rank, so none after it can). A step is one
 // dependent read for all 256 lists instead of one per list: at T = 1 and S = 2 CU = 264 lists the
 // sequential kernel above pays ~264 L2 round trips, this one ~4-6 (random data). Same output, bit
 // for bit: the selection of the first min(k, |C_t|) of a total order is unique.
-constexpr int kMergeWordsPerLane = 2;
+constexpr int kMergeWordsPerLane = 4;
 inline int32_t merge_lanes_capacity(int32_t k) {
   return pow2_at_least(int64_t{k} + int64_t{kThreads} * kMergeWordsPerLane);
 }
@@ -221,14 +244,8 @@ __global__ void __launch_bounds__(kThreads) indexer_merge_lanes_kernel(const Ker
         if (__syncthreads_or(more) == 0) break;  // also orders the appends before the reserve
       }
     }
-    top.cut();
+    finish_row(top, a.by_score != 0);
     const int32_t len = top.st->count;  // min(k, |C_t|)
-    if (a.by_score == 0) {
-      const int32_t P = indexer::next_pow2(len);
-      for (int32_t i = len + tid; i < P; i += kThreads) top.buf[i] = kSentinel;
-      __syncthreads();
-      indexer::block_sort_descending(top.buf, P, indexer::IndexWord{});
-    }
     int32_t* idx = a.indices + t * a.indices_stride;
     float* sc = a.scores != nullptr ? a.scores + t * a.scores_stride : nullptr;
     const float neg_inf = __uint_as_float(0xFF800000u);

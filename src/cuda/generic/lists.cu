@@ -18,7 +18,10 @@
 #include <cstdint>
 #include <limits>
 
+#include "cuda/common/decode_common.cuh"  // DeviceList, load_row_range: rows as the decode reads them
+#include "cuda/common/decode_params.cuh"  // device_list
 #include "cuda/common/device_info.h"
+#include "cuda/generic/context_parallel_backend.h"
 #include "cuda/generic/ops_backend.h"
 
 namespace sparsemla::cuda_generic {
@@ -281,6 +284,77 @@ struct CompressedAllBuilder {
   __device__ int32_t entry(const Row& row, int64_t i) const { return map.slot(row.req, i); }
 };
 
+// ---- list sharding (CONTRACT 12.2)
+// --------------------------------------------------------------- Rank `rank`'s entries of each row
+// of the unsharded list, as local slots, in their order. The row length (this rank's entries, at
+// most out.width) is staged in indptr[r+1] by shard_count_kernel, scanned by scan_kernel, and
+// shard_fill_kernel compacts the row at indptr[r] (a ballot per warp, the warps' counts through
+// shared memory).
+using cuda::DeviceList;
+using cuda::load_row_range;
+using cuda::RowRange;
+
+struct ShardBuilder {
+  DeviceList list;
+  int32_t num_ranks, rank, interleave;
+  int64_t num_slots;  // 0: no range check
+
+  __device__ bool mine(int32_t v) const {
+    return v >= 0 && (num_slots == 0 || v < num_slots) &&
+           cp_rank_of_slot(v, num_ranks, interleave) == rank;
+  }
+  __device__ int64_t length(const RowsOut& out, int64_t r) const { return out.indptr[r + 1]; }
+};
+
+__global__ void __launch_bounds__(kFillThreads)
+    shard_count_kernel(const RowsOut out, const ShardBuilder b) {
+  for (int64_t r = blockIdx.x; r < out.num_rows; r += gridDim.x) {
+    if (!out.valid(r)) continue;  // the scan gives padding rows 0 without reading indptr[r+1]
+    const RowRange row = load_row_range(b.list, r);
+    int64_t count = 0;
+    for (int64_t base = 0; base < row.len; base += blockDim.x) {
+      const int64_t j = base + threadIdx.x;
+      count += __syncthreads_count(j < row.len && b.mine(b.list.indices[row.begin + j]));
+    }
+    if (threadIdx.x == 0)
+      out.indptr[r + 1] = static_cast<int32_t>(count < out.width ? count : out.width);
+    __syncthreads();
+  }
+}
+
+__global__ void __launch_bounds__(kFillThreads)
+    shard_fill_kernel(const RowsOut out, const ShardBuilder b) {
+  __shared__ int32_t warp_counts[kFillThreads / 32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int64_t r = blockIdx.x; r < out.num_rows; r += gridDim.x) {
+    const int64_t begin = out.indptr[r];
+    const int64_t len = out.indptr[r + 1] - begin;
+    if (len <= 0) continue;  // padding rows and empty rows: nothing read
+    const RowRange row = load_row_range(b.list, r);
+    int32_t* dst = out.indices + begin;
+    int64_t written = 0;  // the same in every thread
+    for (int64_t base = 0; base < row.len && written < len; base += blockDim.x) {
+      const int64_t j = base + threadIdx.x;
+      const int32_t v = j < row.len ? b.list.indices[row.begin + j] : -1;
+      const bool flag = j < row.len && b.mine(v);
+      const unsigned ballot = __ballot_sync(kFullMask, flag);
+      if (lane == 0) warp_counts[warp] = __popc(ballot);
+      __syncthreads();
+      int32_t before = 0, total = 0;
+      for (int w = 0; w < kFillThreads / 32; ++w) {
+        before += w < warp ? warp_counts[w] : 0;
+        total += warp_counts[w];
+      }
+      const int64_t at = written + before + __popc(ballot & ((1u << lane) - 1u));
+      if (flag && at < len) {
+        dst[at] = static_cast<int32_t>(cp_local_slot(v, b.num_ranks, b.interleave));
+      }
+      written += total;
+      __syncthreads();  // warp_counts is rewritten by the next chunk
+    }
+  }
+}
+
 cudaStream_t as_stream(void* s) {
   return static_cast<cudaStream_t>(s);
 }
@@ -320,6 +394,16 @@ void build_compressed_all_lists(const CompressedAllListParams& p) {
       p.ratio, p.max_compressed};
   launch_scan_fill(rows_out(p.common, p.out), b, as_stream(p.common.stream),
                    "build_compressed_all_lists launch");
+}
+
+void shard_list(const ShardListParams& p) {
+  const ShardBuilder b{cuda::device_list(p.list), p.num_ranks, p.rank, p.interleave, p.num_slots};
+  const RowsOut out = rows_out(p.common, p.out);
+  const cudaStream_t s = as_stream(p.common.stream);
+  if (out.num_rows > 0) shard_count_kernel<<<grid_for(out.num_rows), kFillThreads, 0, s>>>(out, b);
+  scan_kernel<ShardBuilder><<<1, kScanThreads, 0, s>>>(out, b);
+  if (out.num_rows > 0) shard_fill_kernel<<<grid_for(out.num_rows), kFillThreads, 0, s>>>(out, b);
+  cuda::check_cuda(cudaGetLastError(), "shard_list launch");
 }
 
 }  // namespace sparsemla::cuda_generic

@@ -27,10 +27,11 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
-#include <cstdlib>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <string>
+#include <tuple>
 
 #include "cuda/common/decode_common.cuh"
 #include "cuda/common/device_info.h"
@@ -55,7 +56,7 @@ constexpr int kThreads = 128;  // one warpgroup
 constexpr int kTile = 64;      // entries per tile: the wgmma's M
 constexpr int kDim = kIndexerHeadDim;
 constexpr int kRunsPerThread = 4;  // 16-byte runs of an entry per thread: 2 threads per entry
-constexpr int kStages = 5;         // tiles in the ring: 4 in flight, ~34 KB per CTA
+constexpr int kStages = 4;  // tiles in the ring: 3 in flight, 25 KB; 4 CTAs per SM at k = 512
 static_assert(kTile * (kDim / 16) == kThreads * kRunsPerThread, "a tile's runs over the CTA");
 constexpr int kTileBytes = kTile * kDim;  // 8 KiB of e4m3 values
 constexpr int64_t kMinTilesPerSplit = 4;
@@ -106,55 +107,6 @@ __device__ __forceinline__ void cp_async4_zfill(uint32_t dst, const void* src, u
                : "memory");
 }
 
-// d (+)= A (64 x 32 e4m3, shared, K-major) . B (32 x kN e4m3, shared, K-major); accumulate when
-// acc != 0. FP8 operands are K-major only (no transpose immediates).
-template <int kN>
-__device__ __forceinline__ void wgmma_e4m3(float (&d)[kN / 2], uint64_t a_desc, uint64_t b_desc,
-                                           int acc);
-
-template <>
-__device__ __forceinline__ void wgmma_e4m3<64>(float (&d)[32], uint64_t a_desc, uint64_t b_desc,
-                                               int acc) {
-#ifdef SPARSEMLA_SM90A_DEVICE
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
-      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(a_desc), "l"(b_desc), "r"(acc));
-#endif
-}
-
-template <>
-__device__ __forceinline__ void wgmma_e4m3<128>(float (&d)[64], uint64_t a_desc, uint64_t b_desc,
-                                                int acc) {
-#ifdef SPARSEMLA_SM90A_DEVICE
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
-      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
-      "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
-      "%56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-        "+f"(d[63])
-      : "l"(a_desc), "l"(b_desc), "r"(acc));
-#endif
-}
-
 // What one thread copies of a tile: entry e = tid / 2, runs [4 * (tid % 2), +4), and (tid even)
 // the entry's scale and candidate index. All offsets are 32-bit: j < n'_t <= INT32_MAX and a
 // page's bytes fit 32 bits (bs * 132 <= block_stride).
@@ -164,6 +116,14 @@ struct TileIssue {
   const uint8_t* scale;   // the entry's fp32 scale
   int32_t cand;           // local index j, or -1
 };
+
+// max(x, 0) with NaN propagated (PTX max.NaN, sm_80+): x < 0 ? 0 : x for every x but -0, where
+// it may give +0 (the product with the weight is a zero either way, and the sums start at +0).
+__device__ __forceinline__ float relu_nan(float x) {
+  float y;
+  asm("max.NaN.f32 %0, %1, 0f00000000;" : "=f"(y) : "f"(x));
+  return y;
+}
 
 __device__ __forceinline__ TileIssue locate(const KernelArgs& a, const int32_t* table_row,
                                             uint32_t j, uint32_t end, uint32_t first_run_offset) {
@@ -328,14 +288,19 @@ __global__ void __launch_bounds__(kThreads) indexer_sm90_score_kernel(const Kern
         wgmma_fence_operands(d);
         // Accumulator fragment: d[4c + {0, 1}] = (e0, 8c + hc + {0, 1}), d[4c + {2, 3}] = (e0 + 8,
         // the same heads).
-        float sum0 = 0.0f, sum1 = 0.0f;
+        // ReLU as the CPU writes it (NaN stays NaN: max.NaN), then two FMA chains per row for
+        // instruction-level parallelism. The order differs from the CPU's: within 11.7's eps,
+        // and exact (so bit-identical) on exact-arithmetic data.
+        float sum0 = 0.0f, sum1 = 0.0f, sum0b = 0.0f, sum1b = 0.0f;
 #pragma unroll
         for (int c = 0; c < kN / 8; ++c) {
-          const float x0 = d[4 * c + 0], x1 = d[4 * c + 1], x2 = d[4 * c + 2], x3 = d[4 * c + 3];
-          // ReLU as the CPU writes it: NaN stays NaN.
-          sum0 += wr[c][0] * (x0 < 0.0f ? 0.0f : x0) + wr[c][1] * (x1 < 0.0f ? 0.0f : x1);
-          sum1 += wr[c][0] * (x2 < 0.0f ? 0.0f : x2) + wr[c][1] * (x3 < 0.0f ? 0.0f : x3);
+          sum0 = fmaf(wr[c][0], relu_nan(d[4 * c + 0]), sum0);
+          sum0b = fmaf(wr[c][1], relu_nan(d[4 * c + 1]), sum0b);
+          sum1 = fmaf(wr[c][0], relu_nan(d[4 * c + 2]), sum1);
+          sum1b = fmaf(wr[c][1], relu_nan(d[4 * c + 3]), sum1b);
         }
+        sum0 += sum0b;
+        sum1 += sum1b;
         sum0 += __shfl_xor_sync(0xFFFFFFFFu, sum0, 1);
         sum1 += __shfl_xor_sync(0xFFFFFFFFu, sum1, 1);
         sum0 += __shfl_xor_sync(0xFFFFFFFFu, sum0, 2);
@@ -363,7 +328,7 @@ __global__ void __launch_bounds__(kThreads) indexer_sm90_score_kernel(const Kern
     }
     cuda::cp_async_wait_all();  // the trailing empty groups
     __syncthreads();            // appends done
-    top.cut();                  // sorted by rank, count = min(count, k)
+    top.cut_sorted();           // sorted by rank (the merge needs it), count = min(count, k)
     const int32_t kept = top.st->count;
     uint64_t* out = a.ws_pairs + item * a.topk;
     for (int32_t i = tid; i < kept; i += kThreads) out[i] = top.buf[i];
@@ -376,16 +341,11 @@ __global__ void __launch_bounds__(kThreads) indexer_sm90_score_kernel(const Kern
 }
 
 // ---- host side ---------------------------------------------------------------------------------
-// Items per SM of the plan: 2 (the generic rule); the lab knob SPARSEMLA_INDEXER_SM90_ITEMS_PER_SM
-// (1..8, read once per process) exists only to measure the split count (docs/lab/indexer.md).
-int64_t lab_items_per_sm() {
-  static const int64_t v = [] {
-    const char* e = std::getenv("SPARSEMLA_INDEXER_SM90_ITEMS_PER_SM");
-    const long n = e != nullptr ? std::strtol(e, nullptr, 10) : 2;
-    return static_cast<int64_t>(n >= 1 && n <= 8 ? n : 2);
-  }();
-  return v;
-}
+// From how many rows the plan takes one wave of resident CTAs: below 16 rows the generic rule
+// (about 2 CU items) is faster, since the merge reads S x k words per row (record 1228Z: one wave
+// at 1M B = 1 75.3 us against 69.0). Two items per SM: three were slower (record 0912Z).
+constexpr int64_t kOneWaveFromRows = 16;
+constexpr int64_t kItemsPerSmBelowOneWave = 2;
 
 int64_t max_candidates(const IndexerParams& p) {
   return int64_t{p.block_table_width} * p.cache.block_size;
@@ -415,18 +375,48 @@ void prepare_device() {
   });
 }
 
-size_t workspace_bytes(int64_t T, int32_t S, int32_t k) {
-  const int64_t items = T * S;
-  const int64_t counts = (items * 4 + 7) / 8 * 8;
-  return static_cast<size_t>(items * k * 8 + counts);
+// Score-kernel CTAs resident per SM at this call's (H, k): from the occupancy calculator, which
+// is host arithmetic on the kernel's registers and shared memory (no device work).
+int32_t resident_per_sm(const IndexerParams& p) {
+  prepare_device();
+  const int32_t kN = padded_heads(p.num_heads);
+  const int32_t capacity = score_capacity(p.topk);
+  int dev = 0;
+  cuda::check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  static std::mutex mu;
+  static std::map<std::tuple<int, int32_t, int32_t>, int32_t> known;  // (device, kN, capacity)
+  const std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(dev, kN, capacity);
+  if (const auto it = known.find(key); it != known.end()) return it->second;
+  const auto smem = static_cast<size_t>(layout(kN, capacity).bytes);
+  int n = 0;
+  const cudaError_t e = kN == 64 ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                                       &n, indexer_sm90_score_kernel<64>, kThreads, smem)
+                                 : cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                                       &n, indexer_sm90_score_kernel<128>, kThreads, smem);
+  cuda::check_cuda(e, "cudaOccupancyMaxActiveBlocksPerMultiprocessor(indexer_sm90_score_kernel)");
+  return known[key] = std::max(n, 1);
 }
 
 }  // namespace
 
-IndexerSplits plan_indexer_splits_sm90(int64_t num_tokens, int64_t max_candidates, int32_t sms) {
-  // The generic path's rule (about 2 * CU items, CONTRACT 11.5) in 64-entry tiles.
-  return cuda_generic::plan_indexer_splits_tiled(num_tokens, max_candidates, sms, kTile,
-                                                 kMinTilesPerSplit, lab_items_per_sm());
+IndexerSplits plan_indexer_splits_sm90(int64_t num_tokens, int64_t max_candidates, int32_t sms,
+                                       int32_t resident_per_sm) {
+  if (num_tokens < kOneWaveFromRows)  // the generic rule: about 2 * CU items (CONTRACT 11.5)
+    return cuda_generic::plan_indexer_splits_tiled(num_tokens, max_candidates, sms, kTile,
+                                                   kMinTilesPerSplit, kItemsPerSmBelowOneWave);
+  // One wave of resident CTAs: S = floor(slots / T) (rounding up would start a second wave for
+  // a few items), so items_per_sm = slots / CU rounded down over the rows.
+  const int64_t slots = int64_t{std::max(sms, 1)} * std::max(resident_per_sm, 1);
+  const int64_t per_row = std::max<int64_t>(1, slots / num_tokens);
+  const int64_t tiles = std::max<int64_t>(1, (max_candidates + kTile - 1) / kTile);
+  const int64_t most = std::max<int64_t>(1, (tiles + kMinTilesPerSplit - 1) / kMinTilesPerSplit);
+  const int64_t S0 = std::min(per_row, most);
+  const int64_t per = (tiles + S0 - 1) / S0;
+  IndexerSplits out;
+  out.num_splits = static_cast<int32_t>((tiles + per - 1) / per);
+  out.chunk = per * kTile;
+  return out;
 }
 
 std::string indexer_unsupported_reason(const IndexerParams& p) {
@@ -440,16 +430,16 @@ std::string indexer_unsupported_reason(const IndexerParams& p) {
 
 size_t indexer_workspace_size(const IndexerParams& p) {
   if (p.num_tokens == 0) return 0;
-  const IndexerSplits sp =
-      plan_indexer_splits_sm90(p.num_tokens, max_candidates(p), cuda::current_device_sms());
-  return workspace_bytes(p.num_tokens, sp.num_splits, p.topk);
+  const IndexerSplits sp = plan_indexer_splits_sm90(p.num_tokens, max_candidates(p),
+                                                    cuda::current_device_sms(), resident_per_sm(p));
+  return cuda_generic::indexer_workspace_bytes(p.num_tokens, sp.num_splits, p.topk);
 }
 
 void indexer_topk(const IndexerParams& p, void* workspace) {
   if (p.num_tokens == 0) return;
   prepare_device();
-  const IndexerSplits sp =
-      plan_indexer_splits_sm90(p.num_tokens, max_candidates(p), cuda::current_device_sms());
+  const IndexerSplits sp = plan_indexer_splits_sm90(p.num_tokens, max_candidates(p),
+                                                    cuda::current_device_sms(), resident_per_sm(p));
   KernelArgs a = cuda_generic::make_indexer_args(p, sp, workspace);
   a.score_capacity = score_capacity(p.topk);
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);

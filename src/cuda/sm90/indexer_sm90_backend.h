@@ -19,10 +19,12 @@ namespace sparsemla::cuda_sm90 {
 // a 16-byte aligned cache base and block stride.
 std::string indexer_unsupported_reason(const IndexerParams& p);
 
-// The Hopper split plan: as the generic path's (about 2 * CU work items), in 64-entry tiles. A
-// function of (T, Wt * ibs, CU) only.
+// The Hopper split plan in 64-entry tiles. At T >= 16 one wave: floor(CU * resident_per_sm / T)
+// splits per row (the score kernel's CTAs per SM from the occupancy of its shared memory and
+// registers); below, the generic path's ~2 CU items (the merge reads S x k words per row). A
+// function of (T, Wt * ibs, CU, H, k) only.
 cuda_generic::IndexerSplits plan_indexer_splits_sm90(int64_t num_tokens, int64_t max_candidates,
-                                                     int32_t sms);
+                                                     int32_t sms, int32_t resident_per_sm);
 
 // Workspace bytes: uint64 [T, S, k] + int32 [T, S] (8-byte aligned) with this path's S.
 size_t indexer_workspace_size(const IndexerParams& p);
