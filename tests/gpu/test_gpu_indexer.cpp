@@ -327,24 +327,59 @@ TEST(GpuIndexerGeneric, RandomModelMagnitudesBitIdenticalToCpuH1H16H64H128) {
   }
 }
 
+// Planted needles: three rows of H = 64, k = 512, whose k planted needles (keys equal to the row's
+// query, positive weights) outscore every random key; `needles` gets each row's set.
+IndexerCase make_needles_case(Rng& rng, std::vector<std::set<int64_t>>* needles) {
+  const int32_t k = 512, ibs = 64, Wt = 128, H = 64;
+  IndexerCase c = make_indexer_case(rng, 3, H, ibs, 3, Wt, k, k);
+  fill_random(rng, c);
+  needles->assign(static_cast<size_t>(c.T), {});
+  for (int64_t t = 0; t < c.T; ++t) {
+    auto& row = (*needles)[static_cast<size_t>(t)];
+    c.row_req[t] = static_cast<int32_t>(t);
+    c.n[t] = Wt * ibs - static_cast<int32_t>(rng.randint(0, 100));
+    for (int32_t h = 0; h < H; ++h) c.w[t * H + h] = std::fabs(c.w[t * H + h]) + 0.01f;
+    while (static_cast<int32_t>(row.size()) < k) row.insert(rng.randint(0, c.n[t] - 1));
+    for (const int64_t j : row) c.set_entry(t, j, c.q.data() + t * H * 128, 1.0f);
+  }
+  return c;
+}
+
+// The determinism tests' other batches: row `row` of c alone (T = 1: ~2 CU splits), and `T`
+// rows cycling through c's rows (one split each at T = 300).
+IndexerCase single_row_case(const IndexerCase& c, int64_t row) {
+  const int64_t H = c.H;
+  IndexerCase alone = c;
+  alone.T = 1;
+  alone.q.assign(c.q.begin() + row * H * 128, c.q.begin() + (row + 1) * H * 128);
+  alone.w.assign(c.w.begin() + row * H, c.w.begin() + (row + 1) * H);
+  alone.row_req = {c.row_req[row]}, alone.n = {c.n[row]};
+  return alone;
+}
+IndexerCase cycled_rows_case(const IndexerCase& c, int64_t T) {
+  const int64_t H = c.H;
+  IndexerCase big = c;
+  big.T = T;
+  big.q.clear(), big.w.clear(), big.row_req.clear(), big.n.clear();
+  for (int64_t t = 0; t < big.T; ++t) {
+    const int64_t src = t % c.T;
+    big.q.insert(big.q.end(), c.q.begin() + src * H * 128, c.q.begin() + (src + 1) * H * 128);
+    big.w.insert(big.w.end(), c.w.begin() + src * H, c.w.begin() + (src + 1) * H);
+    big.row_req.push_back(c.row_req[src]);
+    big.n.push_back(c.n[src]);
+  }
+  return big;
+}
+
 // 11.7 planted top-k: k needles beat every other key by far more than the bound; the selection is
 // the needles, in the CPU's order.
 TEST(GpuIndexerGeneric, PlantedNeedlesAreTheSelectionH64K512) {
   const uint64_t seed = fresh_seed();
   SPARSEMLA_SEED_TRACE(seed);
   Rng rng(seed);
-  const int32_t k = 512, ibs = 64, Wt = 128, H = 64;
-  IndexerCase c = make_indexer_case(rng, 3, H, ibs, 3, Wt, k, k);
-  fill_random(rng, c);
-  std::vector<std::set<int64_t>> needles(static_cast<size_t>(c.T));
-  for (int64_t t = 0; t < c.T; ++t) {
-    c.row_req[t] = static_cast<int32_t>(t);
-    c.n[t] = Wt * ibs - static_cast<int32_t>(rng.randint(0, 100));
-    for (int32_t h = 0; h < H; ++h) c.w[t * H + h] = std::fabs(c.w[t * H + h]) + 0.01f;
-    while (static_cast<int32_t>(needles[t].size()) < k)
-      needles[t].insert(rng.randint(0, c.n[t] - 1));
-    for (const int64_t j : needles[t]) c.set_entry(t, j, c.q.data() + t * H * 128, 1.0f);
-  }
+  std::vector<std::set<int64_t>> needles;
+  const IndexerCase c = make_needles_case(rng, &needles);
+  const int32_t k = c.k;
   const DeviceIndexerCase d(c);
   expect_gpu_equals_cpu(c, d, "needles");
   const IndexerOut o = run_gpu(d, TopkOrder::ByIndex, false);
@@ -559,25 +594,12 @@ TEST(GpuIndexerGeneric, DeterministicOver20RunsAndAcrossBatchAndSplitCountH64) {
         << "run " << i;
   }
   // Row 3 alone (T = 1) and in a batch of 300 copies of the five rows.
-  IndexerCase alone = c;
-  alone.T = 1;
-  alone.q.assign(c.q.begin() + 3 * H * 128, c.q.begin() + 4 * H * 128);
-  alone.w.assign(c.w.begin() + 3 * H, c.w.begin() + 4 * H);
-  alone.row_req = {3}, alone.n = {c.n[3]};
+  const IndexerCase alone = single_row_case(c, 3);
   const IndexerOut single = run_gpu(DeviceIndexerCase(alone), TopkOrder::ByScore, true);
   EXPECT_TRUE(
       std::equal(single.indices.begin(), single.indices.end(), first.indices.begin() + 3 * c.W));
   EXPECT_EQ(0, std::memcmp(single.scores.data(), first.scores.data() + 3 * c.W, 4 * c.W));
-  IndexerCase big = c;
-  big.T = 300;
-  big.q.clear(), big.w.clear(), big.row_req.clear(), big.n.clear();
-  for (int64_t t = 0; t < big.T; ++t) {
-    const int64_t src = t % c.T;
-    big.q.insert(big.q.end(), c.q.begin() + src * H * 128, c.q.begin() + (src + 1) * H * 128);
-    big.w.insert(big.w.end(), c.w.begin() + src * H, c.w.begin() + (src + 1) * H);
-    big.row_req.push_back(c.row_req[src]);
-    big.n.push_back(c.n[src]);
-  }
+  const IndexerCase big = cycled_rows_case(c, 300);
   const IndexerOut batch = run_gpu(DeviceIndexerCase(big), TopkOrder::ByScore, true);
   for (int64_t t = 0; t < big.T; ++t) {
     const int64_t src = t % c.T;
@@ -984,18 +1006,9 @@ TEST(GpuIndexerSm90, PlantedNeedlesAreTheSelectionH64K512) {
   const uint64_t seed = fresh_seed();
   SPARSEMLA_SEED_TRACE(seed);
   Rng rng(seed);
-  const int32_t k = 512, ibs = 64, Wt = 128, H = 64;
-  IndexerCase c = make_indexer_case(rng, 3, H, ibs, 3, Wt, k, k);
-  fill_random(rng, c);
-  std::vector<std::set<int64_t>> needles(static_cast<size_t>(c.T));
-  for (int64_t t = 0; t < c.T; ++t) {
-    c.row_req[t] = static_cast<int32_t>(t);
-    c.n[t] = Wt * ibs - static_cast<int32_t>(rng.randint(0, 100));
-    for (int32_t h = 0; h < H; ++h) c.w[t * H + h] = std::fabs(c.w[t * H + h]) + 0.01f;
-    while (static_cast<int32_t>(needles[t].size()) < k)
-      needles[t].insert(rng.randint(0, c.n[t] - 1));
-    for (const int64_t j : needles[t]) c.set_entry(t, j, c.q.data() + t * H * 128, 1.0f);
-  }
+  std::vector<std::set<int64_t>> needles;
+  const IndexerCase c = make_needles_case(rng, &needles);
+  const int32_t k = c.k;
   const DeviceIndexerCase d(c);
   const IndexerOut o = run_gpu(d, TopkOrder::ByIndex, true, 0xFF, Path::CudaSm90);
   for (int64_t t = 0; t < c.T; ++t) {
@@ -1027,26 +1040,13 @@ TEST(GpuIndexerSm90, DeterministicOver20RunsAndAcrossBatchAndSplitCountH64) {
     ASSERT_EQ(0, std::memcmp(again.scores.data(), first.scores.data(), 4 * first.scores.size()))
         << "run " << i;
   }
-  IndexerCase alone = c;
-  alone.T = 1;
-  alone.q.assign(c.q.begin() + 3 * H * 128, c.q.begin() + 4 * H * 128);
-  alone.w.assign(c.w.begin() + 3 * H, c.w.begin() + 4 * H);
-  alone.row_req = {3}, alone.n = {c.n[3]};
+  const IndexerCase alone = single_row_case(c, 3);
   const IndexerOut single =
       run_gpu(DeviceIndexerCase(alone), TopkOrder::ByScore, true, 0xFF, Path::CudaSm90);
   EXPECT_TRUE(
       std::equal(single.indices.begin(), single.indices.end(), first.indices.begin() + 3 * c.W));
   EXPECT_EQ(0, std::memcmp(single.scores.data(), first.scores.data() + 3 * c.W, 4 * c.W));
-  IndexerCase big = c;
-  big.T = 300;
-  big.q.clear(), big.w.clear(), big.row_req.clear(), big.n.clear();
-  for (int64_t t = 0; t < big.T; ++t) {
-    const int64_t src = t % c.T;
-    big.q.insert(big.q.end(), c.q.begin() + src * H * 128, c.q.begin() + (src + 1) * H * 128);
-    big.w.insert(big.w.end(), c.w.begin() + src * H, c.w.begin() + (src + 1) * H);
-    big.row_req.push_back(c.row_req[src]);
-    big.n.push_back(c.n[src]);
-  }
+  const IndexerCase big = cycled_rows_case(c, 300);
   const IndexerOut batch =
       run_gpu(DeviceIndexerCase(big), TopkOrder::ByScore, true, 0xFF, Path::CudaSm90);
   for (int64_t t = 0; t < big.T; ++t) {
