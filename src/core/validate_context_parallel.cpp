@@ -2,6 +2,7 @@
 // before any work, in the words of the decode's checks (src/core/validate_decode.cpp).
 #include "core/validate_context_parallel.h"
 
+#include <cstdint>
 #include <limits>
 #include <string>
 
@@ -21,6 +22,44 @@ constexpr int64_t kMaxIndptr = std::numeric_limits<int32_t>::max();
 
 int64_t or_default(int64_t stride, int64_t dense) {
   return stride != 0 ? stride : dense;
+}
+
+// The bytes [lo, hi) an operand of `elements` elements of `bytes` each spans from `ptr`.
+struct ByteSpan {
+  uintptr_t lo = 0, hi = 0;
+};
+ByteSpan byte_span(const void* ptr, int64_t elements, int64_t bytes) {
+  const auto lo = reinterpret_cast<uintptr_t>(ptr);
+  return {lo, lo + static_cast<uintptr_t>(elements) * static_cast<uintptr_t>(bytes)};
+}
+bool overlap(ByteSpan a, ByteSpan b) {
+  return a.lo != 0 && b.lo != 0 && a.lo < b.hi && b.lo < a.hi;
+}
+
+// CONTRACT 12.1: the outputs may not overlap the inputs. The CUDA kernel writes a row's merged
+// lse before it reads the rank lse again for the weights, so an in-place merge (lse = rank 0's
+// slice) would give the GPU other results than the CPU.
+void check_outputs_disjoint(const RankMergeParams& p, int64_t rank_out_elems,
+                            int64_t rank_lse_elems) {
+  const int64_t T = p.num_tokens, H = p.num_heads;
+  const ByteSpan rank_out = p.rank_out != nullptr ? byte_span(p.rank_out, rank_out_elems, 2)
+                                                  : byte_span(p.rank_out_f32, rank_out_elems, 4);
+  const ByteSpan rank_lse = byte_span(p.rank_lse, rank_lse_elems, 4);
+  const ByteSpan out = byte_span(
+      p.out,
+      (T - 1) * or_default(p.out_stride_token, H * kRow) + (H - 1) * p.out_stride_head + kRow, 2);
+  SPARSEMLA_CHECK_ARG(!overlap(out, rank_out) && !overlap(out, rank_lse), kMergeOp, "out",
+                      "memory disjoint from rank_out / rank_out_f32 and rank_lse (outputs must "
+                      "not alias inputs)",
+                      "overlapping");
+  if (p.lse == nullptr) return;
+  const ByteSpan lse = byte_span(
+      p.lse, (T - 1) * or_default(p.lse_stride_token, H) + (H - 1) * p.lse_stride_head + 1, 4);
+  SPARSEMLA_CHECK_ARG(!overlap(lse, rank_out) && !overlap(lse, rank_lse) && !overlap(lse, out),
+                      kMergeOp, "lse",
+                      "memory disjoint from rank_out / rank_out_f32, rank_lse and out (outputs "
+                      "must not alias inputs)",
+                      "overlapping");
 }
 
 }  // namespace
@@ -82,6 +121,8 @@ void validate(const RankMergeParams& p) {
                       "a non-null pointer (or rank_out_f32: fp32 rank outputs)", "null");
   SPARSEMLA_CHECK_PTR(p.rank_lse, op, "rank_lse");
   SPARSEMLA_CHECK_PTR(p.out, op, "out");
+  const int64_t lse_block = (T - 1) * lse_st + (H - 1) * p.rank_lse_stride_head + 1;
+  check_outputs_disjoint(p, (R - 1) * out_sr + block, (R - 1) * lse_sr + lse_block);
 }
 
 void validate_host_data(const RankMergeParams& p) {

@@ -379,6 +379,13 @@ TEST(MergeRanksCpu, BadInputsNameTheArgument) {
        [](RankMergeParams& p) {
          p.rank_lse = reinterpret_cast<const float*>(reinterpret_cast<uintptr_t>(p.rank_lse) + 1);
        }},
+      // Outputs aliasing inputs (CONTRACT 12.1): an in-place merge into rank 1's slice.
+      {"'lse'",
+       [](RankMergeParams& p) {
+         p.lse = const_cast<float*>(p.rank_lse) + p.num_tokens * p.num_heads;
+       }},
+      {"'out'", [](RankMergeParams& p) { p.out = const_cast<bf16_bits*>(p.rank_out); }},
+      {"'lse'", [](RankMergeParams& p) { p.lse = reinterpret_cast<float*>(p.out) + 8; }},
   };
   for (const auto& r : rows) expect_error(run(r.edit), r.arg);
 }
