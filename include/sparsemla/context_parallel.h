@@ -164,10 +164,10 @@ struct RankMergeParams {
   void* stream = nullptr;  // cudaStream_t
 };
 
-// Throws sparsemla::Error naming the argument for invalid shapes, strides or pointers, and (host
-// data) for a position outside [0, rope.rows) (on the device a documented precondition; positions
-// are clamped into the table). No host synchronisation, allocation or pageable copy; CUDA work on
-// p.stream, launch shape from (T, H) only (graph-safe).
+// Throws sparsemla::Error naming the argument for invalid shapes, strides or pointers, outputs
+// overlapping inputs (CONTRACT 12.1), and (host data) for a position outside [0, rope.rows) (on the
+// device a documented precondition; positions are clamped into the table). No host synchronisation,
+// allocation or pageable copy; CUDA work on p.stream, launch shape from (T, H) only (graph-safe).
 void merge_ranks(const RankMergeParams& p);
 
 }  // namespace sparsemla
