@@ -327,6 +327,9 @@ TEST(GpuIndexerGeneric, RandomModelMagnitudesBitIdenticalToCpuH1H16H64H128) {
   }
 }
 
+// The sm90 path's eps (FP8 tensor-core sums, CONTRACT 11.7).
+constexpr double kFp8Eps = 1.0 / 512;  // 2^-9 (CONTRACT 11.7)
+
 // Planted needles: three rows of H = 64, k = 512, whose k planted needles (keys equal to the row's
 // query, positive weights) outscore every random key; `needles` gets each row's set.
 IndexerCase make_needles_case(Rng& rng, std::vector<std::set<int64_t>>* needles) {
@@ -372,21 +375,27 @@ IndexerCase cycled_rows_case(const IndexerCase& c, int64_t T) {
 }
 
 // 11.7 planted top-k: k needles beat every other key by far more than the bound; the selection is
-// the needles, in the CPU's order.
-TEST(GpuIndexerGeneric, PlantedNeedlesAreTheSelectionH64K512) {
+// the needles. The generic path also equals the CPU bit for bit; the sm90 path's scores are
+// within 11.7's bound of the reference.
+void expect_needles_are_the_selection(Path path) {
   const uint64_t seed = fresh_seed();
   SPARSEMLA_SEED_TRACE(seed);
   Rng rng(seed);
   std::vector<std::set<int64_t>> needles;
   const IndexerCase c = make_needles_case(rng, &needles);
-  const int32_t k = c.k;
   const DeviceIndexerCase d(c);
-  expect_gpu_equals_cpu(c, d, "needles");
-  const IndexerOut o = run_gpu(d, TopkOrder::ByIndex, false);
+  const bool sm90 = path == Path::CudaSm90;
+  if (!sm90) expect_gpu_equals_cpu(c, d, "needles");
+  const IndexerOut o = run_gpu(d, TopkOrder::ByIndex, sm90, 0xFF, path);
   for (int64_t t = 0; t < c.T; ++t) {
-    const std::set<int64_t> got(o.indices.begin() + t * c.W, o.indices.begin() + t * c.W + k);
+    const std::set<int64_t> got(o.indices.begin() + t * c.W, o.indices.begin() + t * c.W + c.k);
     EXPECT_EQ(got, needles[t]) << "row " << t;
+    if (sm90) expect_within_bounds(c, o, t, kFp8Eps);
   }
+}
+
+TEST(GpuIndexerGeneric, PlantedNeedlesAreTheSelectionH64K512) {
+  expect_needles_are_the_selection(Path::CudaGeneric);
 }
 
 // 11.8.3: MTP next_n = 2 (rows of one request adjacent, n equal or differing by one), a request's
@@ -837,8 +846,6 @@ TEST(GpuIndexerGeneric, WorkspaceTooSmallAndSm90PathNameTheArgument) {
 // held to the near-tie rule against the float64 reference. Pages: block strides multiple of 16 (ibs
 // in {8, 16, 64, 256}).
 
-constexpr double kFp8Eps = 1.0 / 512;  // 2^-9 (CONTRACT 11.7)
-
 #define SPARSEMLA_REQUIRE_SM90()                                                        \
   do {                                                                                  \
     if (!gpu_support::device_is_sm90()) GTEST_SKIP() << "the Hopper path needs cc 9.0"; \
@@ -1000,22 +1007,9 @@ TEST(GpuIndexerSm90, RandomModelMagnitudesWithinTheNearTieRuleH1H16H64H100H128Mt
               kFp8Eps);
 }
 
-// Planted needles (11.7): k keys beating every other by far more than the bound are the selection.
 TEST(GpuIndexerSm90, PlantedNeedlesAreTheSelectionH64K512) {
   SPARSEMLA_REQUIRE_SM90();
-  const uint64_t seed = fresh_seed();
-  SPARSEMLA_SEED_TRACE(seed);
-  Rng rng(seed);
-  std::vector<std::set<int64_t>> needles;
-  const IndexerCase c = make_needles_case(rng, &needles);
-  const int32_t k = c.k;
-  const DeviceIndexerCase d(c);
-  const IndexerOut o = run_gpu(d, TopkOrder::ByIndex, true, 0xFF, Path::CudaSm90);
-  for (int64_t t = 0; t < c.T; ++t) {
-    const std::set<int64_t> got(o.indices.begin() + t * c.W, o.indices.begin() + t * c.W + k);
-    EXPECT_EQ(got, needles[t]) << "row " << t;
-    expect_within_bounds(c, o, t, kFp8Eps);
-  }
+  expect_needles_are_the_selection(Path::CudaSm90);
 }
 
 // 20 runs bit-identical (workspace poisoned differently); a row's output is the same alone
