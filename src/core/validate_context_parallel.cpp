@@ -2,6 +2,7 @@
 // before any work, in the words of the decode's checks (src/core/validate_decode.cpp).
 #include "core/validate_context_parallel.h"
 
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -28,9 +29,9 @@ int64_t or_default(int64_t stride, int64_t dense) {
 struct ByteSpan {
   uintptr_t lo = 0, hi = 0;
 };
-ByteSpan byte_span(const void* ptr, int64_t elements, int64_t bytes) {
+ByteSpan byte_span(const void* ptr, int64_t elements, size_t bytes) {
   const auto lo = reinterpret_cast<uintptr_t>(ptr);
-  return {lo, lo + static_cast<uintptr_t>(elements) * static_cast<uintptr_t>(bytes)};
+  return {lo, lo + static_cast<uintptr_t>(elements) * bytes};
 }
 bool overlap(ByteSpan a, ByteSpan b) {
   return a.lo != 0 && b.lo != 0 && a.lo < b.hi && b.lo < a.hi;
@@ -42,19 +43,22 @@ bool overlap(ByteSpan a, ByteSpan b) {
 void check_outputs_disjoint(const RankMergeParams& p, int64_t rank_out_elems,
                             int64_t rank_lse_elems) {
   const int64_t T = p.num_tokens, H = p.num_heads;
-  const ByteSpan rank_out = p.rank_out != nullptr ? byte_span(p.rank_out, rank_out_elems, 2)
-                                                  : byte_span(p.rank_out_f32, rank_out_elems, 4);
-  const ByteSpan rank_lse = byte_span(p.rank_lse, rank_lse_elems, 4);
+  const ByteSpan rank_out = p.rank_out != nullptr
+                                ? byte_span(p.rank_out, rank_out_elems, sizeof(bf16_bits))
+                                : byte_span(p.rank_out_f32, rank_out_elems, sizeof(float));
+  const ByteSpan rank_lse = byte_span(p.rank_lse, rank_lse_elems, sizeof(float));
   const ByteSpan out = byte_span(
       p.out,
-      (T - 1) * or_default(p.out_stride_token, H * kRow) + (H - 1) * p.out_stride_head + kRow, 2);
+      (T - 1) * or_default(p.out_stride_token, H * kRow) + (H - 1) * p.out_stride_head + kRow,
+      sizeof(bf16_bits));
   SPARSEMLA_CHECK_ARG(!overlap(out, rank_out) && !overlap(out, rank_lse), kMergeOp, "out",
                       "memory disjoint from rank_out / rank_out_f32 and rank_lse (outputs must "
                       "not alias inputs)",
                       "overlapping");
   if (p.lse == nullptr) return;
   const ByteSpan lse = byte_span(
-      p.lse, (T - 1) * or_default(p.lse_stride_token, H) + (H - 1) * p.lse_stride_head + 1, 4);
+      p.lse, (T - 1) * or_default(p.lse_stride_token, H) + (H - 1) * p.lse_stride_head + 1,
+      sizeof(float));
   SPARSEMLA_CHECK_ARG(!overlap(lse, rank_out) && !overlap(lse, rank_lse) && !overlap(lse, out),
                       kMergeOp, "lse",
                       "memory disjoint from rank_out / rank_out_f32, rank_lse and out (outputs "
