@@ -205,11 +205,14 @@ struct RowSource {
 };
 __device__ __forceinline__ RowSource row_source(const Sm90Params& p, const SplitWork& w, int32_t i,
                                                 int32_t slot) {
-  if (i >= w.tiles) return {nullptr, nullptr};
+  // Branch-free (a branch here closes the basic block, and the chain then runs on its own):
+  // slot 0 stands in for a key without a row, and the result is selected away.
   const DeviceCache& cache = tile_cache(p, w, i);
-  const cuda::RowOffsets off = cuda::row_offsets32(cache, slot);
-  if (off.data < 0) return {nullptr, nullptr};
-  return {cache.base + off.data, cache.base + off.scale};
+  const bool ok = i < w.tiles && slot >= 0 && slot < cache.num_slots;
+  const cuda::RowOffsets off = cuda::row_offsets32_in_range(cache, ok ? slot : 0u);
+  const unsigned char* data = cache.base + off.data;
+  const unsigned char* scale = cache.base + off.scale;
+  return {ok ? data : nullptr, ok ? scale : nullptr};
 }
 
 // The copies of key `key`'s row of tile i (nothing past the last tile), by the producer thread of
