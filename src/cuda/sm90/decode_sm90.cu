@@ -13,9 +13,10 @@
 //     are summed through shared memory, the online softmax runs in registers (eager rescale, bf16
 //     P, fp32 l), and P.V for output columns [256c, +256) runs as wgmma m64n256k16 (P from
 //     registers, V = the same K stage read MN-major; 128 fp32 accumulators per thread). Q.K of the
-//     next tile and P.V of this one are issued back to back after the softmax, and the next
-//     tile's exchange and softmax run beside that P.V; a stage goes back to the producer (`empty`
-//     mbarrier) once its P.V has completed.
+//     next tile is issued (into a second score set) before this tile's exchange and softmax, which
+//     run beside it and beside the previous tile's P.V; one wait retires both, then this tile's
+//     P.V is issued; a stage goes back to the producer (`empty` mbarrier) once its P.V has
+//     completed.
 // Shared memory (no swizzle: every 16-byte chunk of a core matrix is contiguous, so the
 // dequantiser's 16-byte stores and the raw-row reads are bank-conflict free):
 //   Q       64 heads x 512 dims bf16, core matrix (head group g, dim chunk c) at (8c + g) * 128
