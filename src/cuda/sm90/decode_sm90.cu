@@ -13,10 +13,9 @@
 //     are summed through shared memory, the online softmax runs in registers (eager rescale, bf16
 //     P, fp32 l), and P.V for output columns [256c, +256) runs as wgmma m64n256k16 (P from
 //     registers, V = the same K stage read MN-major; 128 fp32 accumulators per thread). Q.K of the
-//     next tile is issued (into a second score set) before this tile's exchange and softmax, which
-//     run beside it and beside the previous tile's P.V; one wait retires both, then this tile's
-//     P.V is issued; a stage goes back to the producer (`empty` mbarrier) once its P.V has
-//     completed.
+//     next tile and P.V of this one are issued back to back after the softmax, and the next
+//     tile's exchange and softmax run beside that P.V; a stage goes back to the producer (`empty`
+//     mbarrier) once its P.V has completed.
 // Shared memory (no swizzle: every 16-byte chunk of a core matrix is contiguous, so the
 // dequantiser's 16-byte stores and the raw-row reads are bank-conflict free):
 //   Q       64 heads x 512 dims bf16, core matrix (head group g, dim chunk c) at (8c + g) * 128
@@ -865,15 +864,10 @@ __device__ __forceinline__ void write_partials_bulk(const Sm90Params& p, const S
   bulk_wait_read();  // the CTA's shared memory must outlive the copy's reads
 }
 
-// One tile of the consumers' pipeline. `sq` holds Q.K(i) (complete); P.V(i-1) may still run.
-//   Q.K(i) moved to `sc`; Q.K(i+1) issued into `sq` (it runs beside the exchange and softmax) |
-//   scores exchanged (consumer barrier) | softmax into P | wait for P.V(i-1) and Q.K(i+1) (K
-//   stage i-1 goes back to the producer), rescale (rare) | P.V(i) issued; it runs beside the next
-//   tile's exchange and softmax.
-// Issuing Q.K(i+1) before the softmax of tile i keeps the tensor pipe busy during the ~1,270
-// cycles of exchange and softmax per tile (timeline laps, C4-Pro B = 128), which ran with no
-// wgmma in flight once P.V(i-1) had retired (docs/lab/sm90-path.md, lever P2); it costs 16
-// registers (the second score set) and the producer one tile less of slack.
+// One tile of the consumers' pipeline. `sc` holds Q.K(i) (complete); P.V(i-1) may still run.
+//   scores exchanged (consumer barrier) | softmax into P (beside P.V(i-1)) | wait for P.V(i-1),
+//   rescale (rare) | Q.K(i+1) into `sc`, then P.V(i), issued back to back | wait for Q.K(i+1); K
+//   stage i-1 goes back to the producer; the next tile's exchange and softmax run beside P.V(i).
 struct ConsumerCtx {
   const Sm90Params& p;
   const SplitWork& w;
@@ -888,39 +882,36 @@ struct ConsumerCtx {
 // P was a per-tile temporary packed in the softmax, ptxas placed the next tile's P and the
 // exchange's loads in the registers P.V(i-1) was still reading (found by the bench's verify:
 // C4-Pro B = 8 at S >= 5 under graph replay, errors 2-3x the tolerance in whole 8-row groups,
-// depending on timing; the tests' cases had not hit it). `sq` is the same kind of operand: it
-// is read (copied to `sc`) only after the wait that retires the Q.K writing it.
+// depending on timing; the tests' cases had not hit it).
 template <bool kMore>  // another tile follows
 __device__ __forceinline__ void consumer_tile(const ConsumerCtx& x, int32_t i, RowState& st,
-                                              float (&acc)[128], float (&sq)[16],
+                                              float (&acc)[128], float (&sc)[16],
                                               uint32_t (&pa)[2][4]) {
-  float sc[16];
-#pragma unroll
-  for (int j = 0; j < 16; ++j) sc[j] = sq[j];
-  if (kMore) {
-    mbar_wait(x.sm.full + (i + 1) % kKStages, use_parity<kKStages>(i + 1));
-    x.laps.lap(3);
-    wgmma_fence_operands(sq);
-    qk_issue(x.sm, i + 1, x.c, sq);
-  }
   exchange_scores(x.sm, i, kMore, x.c, x.wtid, sc);
   x.laps.lap(0);
   float alpha[2];
   softmax_tile(sc, x.sm.flag_set(i), x.p.scale, x.p.rescale_lag, x.lane, st, alpha);
   x.laps.lap(1);
-  // P.V(i-1) and Q.K(i+1) have run beside the exchange and softmax; wait for both (wait_group 0:
-  // with 1, ptxas cannot tell which group retired and serialises every wgmma, C7514) before acc
-  // may be rescaled (wgmma.wait_group must be warpgroup-uniform, the rescale test is only
-  // warp-uniform) and before P.V's A registers are rewritten.
+  // P.V(i-1) has run beside the exchange and softmax; wait for it before acc may be rescaled
+  // (wgmma.wait_group must be warpgroup-uniform, the rescale test is only warp-uniform) and
+  // before its A registers are rewritten.
   wgmma_wait<0>();
   wgmma_fence_operands(acc);
   wgmma_fence_operands(pa);
-  wgmma_fence_operands(sq);
-  if (kMore && i > 0) mbar_arrive(x.sm.empty + (i - 1) % kKStages);  // none waits past the last
-  pack_p(sc, pa);
+  pack_p(sc, pa);  // before Q.K(i+1) reuses sc as its accumulator
   if (needs_rescale(alpha)) rescale(acc, alpha);
   x.laps.lap(2);
+  if (kMore) {
+    mbar_wait(x.sm.full + (i + 1) % kKStages, use_parity<kKStages>(i + 1));
+    x.laps.lap(3);
+    qk_issue(x.sm, i + 1, x.c, sc);  // tile i's probabilities are in pa now
+  }
   pv_issue(x.sm, i, x.c, pa, acc);
+  if (kMore) {
+    wgmma_wait<1>();  // Q.K(i+1)
+    wgmma_fence_operands(sc);
+    if (i > 0) mbar_arrive(x.sm.empty + (i - 1) % kKStages);
+  }
   x.laps.lap(4);
 }
 
@@ -946,21 +937,21 @@ __device__ __forceinline__ void consumer_loop(const Sm90Params& p, const SplitWo
   fence_proxy_async();  // Q (cp.async writes) for wgmma
   named_barrier_sync(kExchangeBarrier, kConsumers);
   SPARSEMLA_STAMP(tid == 0, cuda::kTlQ);
-  float sq[16];
+  float sc[16];
   if (w.tiles > 0) {
     mbar_wait(sm.full, 0);
     SPARSEMLA_STAMP(tid == 0, cuda::kTlFirstTile);
     laps.start();
-    qk_issue(sm, 0, x.c, sq);
+    qk_issue(sm, 0, x.c, sc);
     wgmma_wait<0>();
-    wgmma_fence_operands(sq);
+    wgmma_fence_operands(sc);
   }
   // Every tile with a successor, then the last one: the wgmma groups in flight are then the same
   // on every path through the loop, which ptxas needs to keep the wgmma asynchronous (with the
   // successor test inside the tile it serialised every wgmma: C7515).
   uint32_t pa[2][4] = {};
-  for (int32_t i = 0; i + 1 < w.tiles; ++i) consumer_tile<true>(x, i, st, acc, sq, pa);
-  if (w.tiles > 0) consumer_tile<false>(x, w.tiles - 1, st, acc, sq, pa);
+  for (int32_t i = 0; i + 1 < w.tiles; ++i) consumer_tile<true>(x, i, st, acc, sc, pa);
+  if (w.tiles > 0) consumer_tile<false>(x, w.tiles - 1, st, acc, sc, pa);
   wgmma_wait<0>();
   wgmma_fence_operands(acc);
   SPARSEMLA_STAMP(tid == 0, cuda::kTlLoopDone);
