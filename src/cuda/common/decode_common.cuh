@@ -168,16 +168,22 @@ __device__ __forceinline__ RowOffsets row_offsets(const DeviceCache& c, int64_t 
           mla_scale_offset(slot, c.block_size, c.block_stride)};
 }
 
-// Same for a 32-bit slot id (index lists hold int32), without a 64-bit division.
-__device__ __forceinline__ RowOffsets row_offsets32(const DeviceCache& c, int32_t slot) {
-  if (slot < 0 || slot >= c.num_slots) return {-1, -1};
-  const uint32_t block = static_cast<uint32_t>(
-      (static_cast<uint64_t>(static_cast<uint32_t>(slot)) * c.slot_magic) >> c.slot_shift);
+// The offsets of a slot known to be in [0, c.num_slots), with no test (branch-free: callers that
+// select the result themselves let the scheduler interleave it with other work).
+__device__ __forceinline__ RowOffsets row_offsets32_in_range(const DeviceCache& c, uint32_t slot) {
+  const uint32_t block =
+      static_cast<uint32_t>((static_cast<uint64_t>(slot) * c.slot_magic) >> c.slot_shift);
   const int64_t page = static_cast<int64_t>(block) * c.block_stride;
-  const int32_t p = slot - static_cast<int32_t>(block) * c.block_size;
+  const int32_t p = static_cast<int32_t>(slot - block * static_cast<uint32_t>(c.block_size));
   return {page + static_cast<int64_t>(p) * Fp8DsMla::kDataBytes,
           page + static_cast<int64_t>(c.block_size) * Fp8DsMla::kDataBytes +
               static_cast<int64_t>(p) * Fp8DsMla::kScaleBytes};
+}
+
+// Same for a 32-bit slot id (index lists hold int32), without a 64-bit division.
+__device__ __forceinline__ RowOffsets row_offsets32(const DeviceCache& c, int32_t slot) {
+  if (slot < 0 || slot >= c.num_slots) return {-1, -1};
+  return row_offsets32_in_range(c, static_cast<uint32_t>(slot));
 }
 
 // ---- loads --------------------------------------------------------------------------------------

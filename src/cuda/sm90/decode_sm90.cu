@@ -192,11 +192,27 @@ struct ProducerLane {
   int part;
 };
 
-// Whether this thread's key of tile i names a row of its cache (computed from the slot id, a tile
-// ahead; the row's scale word arrives with its data in the raw stage).
-__device__ __forceinline__ bool key_valid(const Sm90Params& p, const SplitWork& w, int32_t i,
-                                          int32_t slot) {
-  return i < w.tiles && cuda::row_offsets32(tile_cache(p, w, i), slot).data >= 0;
+// Where the row of a key of tile i lives: the global addresses of its 576 data bytes and of its
+// scale word, or data == nullptr (no row: past the split's tiles, or a slot outside the cache).
+// Every producer thread of the key computes it, two tiles ahead and before that tile's
+// conversion, so that its ~40 dependent instructions (slot -> block -> page, the tile's cache
+// parameters) interleave with the conversion instead of running as a chain of their own after
+// the producer barrier (ncu, C4-Pro B = 128: 903 of the 2,675 samples of that stretch were
+// fixed-latency dependency stalls; docs/lab/sm90-path.md).
+struct RowSource {
+  const unsigned char* data;
+  const unsigned char* scale;
+};
+__device__ __forceinline__ RowSource row_source(const Sm90Params& p, const SplitWork& w, int32_t i,
+                                                int32_t slot) {
+  // Branch-free (a branch here closes the basic block, and the chain then runs on its own):
+  // slot 0 stands in for a key without a row, and the result is selected away.
+  const DeviceCache& cache = tile_cache(p, w, i);
+  const bool ok = i < w.tiles && slot >= 0 && slot < cache.num_slots;
+  const cuda::RowOffsets off = cuda::row_offsets32_in_range(cache, ok ? slot : 0u);
+  const unsigned char* data = cache.base + off.data;
+  const unsigned char* scale = cache.base + off.scale;
+  return {ok ? data : nullptr, ok ? scale : nullptr};
 }
 
 // The copies of key `key`'s row of tile i (nothing past the last tile), by the producer thread of
@@ -209,20 +225,18 @@ __device__ __forceinline__ bool key_valid(const Sm90Params& p, const SplitWork& 
 // Not done: completing the scale word on the mbarrier too (cp.async.mbarrier.arrive.noinc next
 // to expect_tx); that version gave wrong outputs in rare runs (bench c4-pro B=8, S >= 5, graph
 // replay) which the LDG version and this one never showed.
-__device__ __forceinline__ void copy_row(const Sm90Params& p, const SplitWork& w, int32_t i,
-                                         int32_t slot, const Smem& sm, int key) {
+__device__ __forceinline__ void copy_row(const SplitWork& w, int32_t i, const RowSource& src,
+                                         const Smem& sm, int key) {
   if (i >= w.tiles) return;
   uint64_t* bar = sm.raw_full + i % kRawStages;
-  const DeviceCache& cache = tile_cache(p, w, i);
-  const cuda::RowOffsets off = cuda::row_offsets32(cache, slot);
-  if (off.data < 0) {
+  if (src.data == nullptr) {
     mbar_arrive(bar);
     return;
   }
   unsigned char* row = sm.raw_stage(i) + key * kRawRowBytes;
   mbar_arrive_expect_tx(bar, kRowBytes);
-  bulk_copy_g2s(row, cache.base + off.data, kRowBytes, bar);
-  cp_async8(row + kRowBytes, cache.base + off.scale);
+  bulk_copy_g2s(row, src.data, kRowBytes, bar);
+  cp_async8(row + kRowBytes, src.scale);
 }
 
 // True when the whole row part takes the fast dequantisation: every scale code of the row is
@@ -277,31 +291,24 @@ __device__ __noinline__ void convert_part_exact(const unsigned char* row, unsign
 }
 
 // Tile i: this thread's raw chunks -> the bf16 K stage (core-matrix layout), zeros for an invalid
-// key (finite under P = 0); key flag by part 0. The 9 chunks are loaded first and checked once, so
-// the common case runs as straight-line code with 7 independent dequantisation chains.
+// key (finite under P = 0: its chunks and scale word read as zero, which the fast path turns into
+// +0 bits); key flag by part 0. The 9 chunks are loaded first and checked once, so the common
+// case runs as straight-line code with 7 independent dequantisation chains, and the caller's
+// address arithmetic of a later tile (row_source) can interleave with these loads and checks:
+// no branch separates them.
 __device__ __forceinline__ void convert_rows(const Smem& sm, int32_t i, bool scrub, bool valid,
                                              ProducerLane g) {
   const unsigned char* row = sm.raw_stage(i) + g.key * kRawRowBytes;
   unsigned char* kst = sm.k_stage(i);
   if (g.part == 0) sm.flag_set(i)[g.key] = valid ? 1 : 0;
-  if (!valid) {
-    const uint4 zero = make_uint4(0, 0, 0, 0);
-#pragma unroll
-    for (int j = 0; j < 9; ++j) {
-      const int x = g.part + 4 * j;
-      if (j < 7) {
-        *reinterpret_cast<uint4*>(kst + nope_lo_offset(g.key, x)) = zero;
-        *reinterpret_cast<uint4*>(kst + nope_hi_offset(g.key, x)) = zero;
-      } else {
-        *reinterpret_cast<uint4*>(kst + rope_offset(g.key, x)) = zero;
-      }
-    }
-    return;
-  }
+  const uint4 zero = make_uint4(0, 0, 0, 0);
   uint4 c[9];
 #pragma unroll
-  for (int j = 0; j < 9; ++j) c[j] = *reinterpret_cast<const uint4*>(row + 16 * (g.part + 4 * j));
-  const uint2 scale = *reinterpret_cast<const uint2*>(row + kRowBytes);  // 7 codes + pad
+  for (int j = 0; j < 9; ++j) {
+    c[j] = valid ? *reinterpret_cast<const uint4*>(row + 16 * (g.part + 4 * j)) : zero;
+  }
+  // 7 codes + pad; an invalid key's code 0 is on the fast path
+  const uint2 scale = valid ? *reinterpret_cast<const uint2*>(row + kRowBytes) : make_uint2(0, 0);
   if (!part_fast(c, scale, scrub)) {
     convert_part_exact(row, kst, scale, scrub, g);
     return;
@@ -341,31 +348,34 @@ __device__ __forceinline__ void load_slots(const Sm90Params& p, const SplitWork&
   }
 }
 
-// The producer's tile loop. Per tile i: wait for its rows (raw_full) and a free K stage (empty),
-// dequantise, async-proxy fence (MEMBAR.CTA), publish (full); wait for this thread's cp.async
-// group of the previous tile (tile i + 1's scale words, tile i + 2's slot ids), then a producer
-// barrier (raw stage i read by every warp; those words visible to all); then the rows of tile
-// i + 2 are copied into raw stage i and tile i + 3's slot ids loaded (one cp.async group).
+// The producer's tile loop. Per tile i: wait for its rows (raw_full) and a free K stage (empty);
+// where tile i + 2's rows live (row_source, from its slot ids, visible since the previous
+// producer barrier); dequantise tile i, async-proxy fence (MEMBAR.CTA), publish (full); wait for
+// this thread's cp.async group of the previous tile (tile i + 1's scale words, tile i + 3's slot
+// ids), then a producer barrier (raw stage i read by every warp; those words visible to all);
+// then the rows of tile i + 2 are copied into raw stage i and tile i + 4's slot ids loaded (one
+// cp.async group).
 __device__ __forceinline__ void producer_loop(const Sm90Params& p, const SplitWork& w,
                                               const Smem& sm, int ptid) {
-  static_assert(kRawStages == 2 && kSlotStages >= 4, "the look-ahead below");
+  static_assert(kRawStages == 2 && kSlotStages == 4, "the look-ahead below");
   const ProducerLane g{ptid % 32, ptid / 32};
   const bool copier = g.part == g.key / 8, slot_loader = g.part == 0;
   if (slot_loader) {
-    for (int32_t k = 0; k < 3; ++k) load_slots(p, w, k, sm, g.key);
+    for (int32_t k = 0; k < kSlotStages; ++k) load_slots(p, w, k, sm, g.key);
   }
   cuda::cp_async_commit();
   cp_async_wait<0>();
-  named_barrier_sync(kProducerBarrier, kProducers);  // slot ids of tiles 0..2 visible
+  named_barrier_sync(kProducerBarrier, kProducers);  // slot ids of tiles 0..3 visible
   SPARSEMLA_STAMP(ptid == 0, cuda::kTlSlots);
-  const int32_t s0 = sm.slot_set(0)[g.key], s1 = sm.slot_set(1)[g.key];
-  if (copier) copy_row(p, w, 0, s0, sm, g.key);
+  const RowSource r0 = row_source(p, w, 0, sm.slot_set(0)[g.key]);
+  const RowSource r1 = row_source(p, w, 1, sm.slot_set(1)[g.key]);
+  if (copier) copy_row(w, 0, r0, sm, g.key);
   cuda::cp_async_commit();  // the scale words of tile 0
-  if (copier) copy_row(p, w, 1, s1, sm, g.key);
+  if (copier) copy_row(w, 1, r1, sm, g.key);
   cuda::cp_async_commit();  // of tile 1
   cp_async_wait<1>();
   named_barrier_sync(kProducerBarrier, kProducers);  // tile 0's scale words visible
-  bool valid = key_valid(p, w, 0, s0), valid_next = key_valid(p, w, 1, s1);
+  bool valid = r0.data != nullptr, valid_next = r1.data != nullptr;
   cuda::TlLaps laps;
   laps.start();
   for (int32_t i = 0; i < w.tiles; ++i) {
@@ -374,21 +384,23 @@ __device__ __forceinline__ void producer_loop(const Sm90Params& p, const SplitWo
     laps.lap(0);
     if (i >= kKStages) mbar_wait(sm.empty + i % kKStages, use_parity<kKStages>(i) ^ 1u);
     laps.lap(1);
+    // Stage (i + 2) % 4 was filled two iterations ago and published by the last producer barrier;
+    // it is refilled (tile i + 6) only after two more.
+    const RowSource r2 = row_source(p, w, i + 2, sm.slot_set(i + 2)[g.key]);
     convert_rows(sm, i, tile_scrub(p, w, i), valid, g);
     fence_proxy_async();
     mbar_arrive(sm.full + i % kKStages);
     SPARSEMLA_STAMP(ptid == 0 && i == 0, cuda::kTlFull0);
     laps.lap(2);
-    cp_async_wait<0>();  // tile i + 1's scale words and tile i + 2's slot ids, issued a tile ago
+    cp_async_wait<0>();  // tile i + 1's scale words and tile i + 3's slot ids, issued a tile ago
     laps.lap(3);
     named_barrier_sync(kProducerBarrier, kProducers);
     laps.lap(4);
-    const int32_t s2 = sm.slot_set(i + 2)[g.key];
-    if (copier) copy_row(p, w, i + 2, s2, sm, g.key);
-    if (slot_loader) load_slots(p, w, i + 3, sm, g.key);  // ring stage of tile i - 1: read
+    if (copier) copy_row(w, i + 2, r2, sm, g.key);
+    if (slot_loader) load_slots(p, w, i + 4, sm, g.key);  // ring stage of tile i: read
     cuda::cp_async_commit();
     valid = valid_next;
-    valid_next = key_valid(p, w, i + 2, s2);
+    valid_next = r2.data != nullptr;
     laps.lap(5);
   }
   SPARSEMLA_STAMP_SUMS(ptid == 0, cuda::kTlWaitRaw, laps, 6);  // kTlWaitRaw .. kTlIssue
