@@ -194,11 +194,11 @@ struct ProducerLane {
 
 // Where the row of a key of tile i lives: the global addresses of its 576 data bytes and of its
 // scale word, or data == nullptr (no row: past the split's tiles, or a slot outside the cache).
-// Every producer thread of the key computes it, two tiles ahead and before that tile's
-// conversion, so that its ~40 dependent instructions (slot -> block -> page, the tile's cache
-// parameters) interleave with the conversion instead of running as a chain of their own after
-// the producer barrier (ncu, C4-Pro B = 128: 903 of the 2,675 samples of that stretch were
-// fixed-latency dependency stalls; docs/lab/sm90-path.md).
+// Every producer thread of the key computes it, two tiles ahead, in the basic block of the
+// conversion's loads and checks, once per key (the copy and the validity used to compute it
+// twice, after the producer barrier: ncu, C4-Pro B = 128, 903 of that stretch's 2,675 samples
+// were fixed-latency dependency stalls). Measured (docs/lab/sm90-path.md, lever P1): -2.3% at
+// C4-Pro B = 128; the moved chain still waits on its slot and constant loads there.
 struct RowSource {
   const unsigned char* data;
   const unsigned char* scale;
