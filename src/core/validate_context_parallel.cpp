@@ -25,6 +25,12 @@ int64_t or_default(int64_t stride, int64_t dense) {
   return stride != 0 ? stride : dense;
 }
 
+// Elements from an operand's first to one past its last for T >= 1 tokens of H rows of `row`
+// elements (token stride st, row stride sh).
+int64_t span_elements(int64_t T, int64_t H, int64_t st, int64_t sh, int64_t row) {
+  return (T - 1) * st + (H - 1) * sh + row;
+}
+
 // The bytes [lo, hi) an operand of `elements` elements of `bytes` each spans from `ptr`.
 struct ByteSpan {
   uintptr_t lo = 0, hi = 0;
@@ -48,17 +54,16 @@ void check_outputs_disjoint(const RankMergeParams& p, int64_t rank_out_elems,
                                 : byte_span(p.rank_out_f32, rank_out_elems, sizeof(float));
   const ByteSpan rank_lse = byte_span(p.rank_lse, rank_lse_elems, sizeof(float));
   const ByteSpan out = byte_span(
-      p.out,
-      (T - 1) * or_default(p.out_stride_token, H * kRow) + (H - 1) * p.out_stride_head + kRow,
+      p.out, span_elements(T, H, or_default(p.out_stride_token, H * kRow), p.out_stride_head, kRow),
       sizeof(bf16_bits));
   SPARSEMLA_CHECK_ARG(!overlap(out, rank_out) && !overlap(out, rank_lse), kMergeOp, "out",
                       "memory disjoint from rank_out / rank_out_f32 and rank_lse (outputs must "
                       "not alias inputs)",
                       "overlapping");
   if (p.lse == nullptr) return;
-  const ByteSpan lse = byte_span(
-      p.lse, (T - 1) * or_default(p.lse_stride_token, H) + (H - 1) * p.lse_stride_head + 1,
-      sizeof(float));
+  const ByteSpan lse =
+      byte_span(p.lse, span_elements(T, H, or_default(p.lse_stride_token, H), p.lse_stride_head, 1),
+                sizeof(float));
   SPARSEMLA_CHECK_ARG(!overlap(lse, rank_out) && !overlap(lse, rank_lse) && !overlap(lse, out),
                       kMergeOp, "lse",
                       "memory disjoint from rank_out / rank_out_f32, rank_lse and out (outputs "
@@ -89,7 +94,7 @@ void validate(const RankMergeParams& p) {
   // Rank outputs: R blocks of [T, H, 512], each read like the decode's q.
   const int64_t out_st = or_default(p.rank_out_stride_token, H * kRow);
   check_read_strides(op, "rank_out_", T, H, out_st, p.rank_out_stride_head);
-  const int64_t block = T == 0 ? 0 : (T - 1) * out_st + (H - 1) * p.rank_out_stride_head + kRow;
+  const int64_t block = T == 0 ? 0 : span_elements(T, H, out_st, p.rank_out_stride_head, kRow);
   const int64_t out_sr = or_default(p.rank_out_stride_rank, T * out_st);
   SPARSEMLA_CHECK_ARG(R <= 1 || T == 0 || out_sr >= kRow, op, "rank_out_stride_rank",
                       ">= 512 (0: T * rank_out_stride_token)", p.rank_out_stride_rank);
@@ -125,7 +130,7 @@ void validate(const RankMergeParams& p) {
                       "a non-null pointer (or rank_out_f32: fp32 rank outputs)", "null");
   SPARSEMLA_CHECK_PTR(p.rank_lse, op, "rank_lse");
   SPARSEMLA_CHECK_PTR(p.out, op, "out");
-  const int64_t lse_block = (T - 1) * lse_st + (H - 1) * p.rank_lse_stride_head + 1;
+  const int64_t lse_block = span_elements(T, H, lse_st, p.rank_lse_stride_head, 1);
   check_outputs_disjoint(p, (R - 1) * out_sr + block, (R - 1) * lse_sr + lse_block);
 }
 
