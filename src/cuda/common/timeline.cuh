@@ -21,7 +21,7 @@ enum TimelineEvent : int {
   kTlEntry = 0,         // kernel entry
   kTlSplitWork = 1,     // split_work (the index pointers) done
   kTlInit = 2,          // barriers initialised (__syncthreads)
-  kTlSlots = 3,         // producer: slot ids of tiles 0..2 visible
+  kTlSlots = 3,         // producer: slot ids of tiles 0, 1 visible
   kTlRaw0 = 4,          // producer: tile 0's rows landed
   kTlFull0 = 5,         // producer: tile 0 converted and published
   kTlProducerDone = 6,  // producer: last tile published
@@ -30,11 +30,11 @@ enum TimelineEvent : int {
   kTlLoopDone = 9,      // consumers: last P.V retired
   kTlDone = 10,         // consumers: epilogue done (thread 0)
   // Cycle sums over the tile loop (thread 0 of the role), producer (TlLaps index):
-  kTlWaitRaw = 11,    // 0: waiting for a tile's rows (raw_full)
+  kTlWaitRaw = 11,    // 0: waiting for a tile's rows (the thread's cp.async group, __syncwarp)
   kTlWaitEmpty = 12,  // 1: waiting for a free K stage (empty)
   kTlConvert = 13,    // 2: dequantisation, fence, publish
-  kTlAsyncWait = 14,  // 3: cp.async.wait_group (scale words, slot ids)
-  kTlBarrier = 15,    // 4: the producer barrier
+  kTlAsyncWait = 14,  // 3: unused since the per-warp gather (empty lap)
+  kTlBarrier = 15,    // 4: the __syncwarp before the raw stage is refilled
   kTlIssue = 16,      // 5: the next copies and slot ids
   // consumers:
   kTlExchange = 17,  // 0: score exchange (barrier, shared memory)

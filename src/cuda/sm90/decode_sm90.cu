@@ -2,11 +2,11 @@
 //
 // One CTA (384 threads = 3 warpgroups, 1 per SM) owns one query row t, one split s and a group of
 // 64 heads (rows past H are zero and never written).
-//   - Warpgroup 2, the producer (72 registers after setmaxnreg) copies each key's 576-byte row with
-//     one cp.async.bulk (and its scale word with a cp.async) into a 2-stage raw ring, two tiles
-//     ahead (completion on the stage's `raw_full` mbarrier); its four warps dequantise the rows
+//   - Warpgroup 2, the producer (72 registers after setmaxnreg): each warp copies its 8 keys of a
+//     tile (4 threads per row, 16-byte cp.async: a warp instruction covers 8 rows x 64 bytes, and
+//     its scale words) into a 2-stage raw ring, two tiles ahead, and dequantises them
 //     (FP8 x UE8M0 -> bf16 by bit placement and one bf16x2 multiply; NaN bytes and large codes take
-//     the exact path and the scrub) into a 3-stage bf16 K ring and publish a stage with its `full`
+//     the exact path and the scrub) into a 3-stage bf16 K ring; a stage is published by its `full`
 //     mbarrier.
 //   - Warpgroups 0 and 1, the consumers (216 registers): warpgroup c computes Q.K over dims
 //     [256c, +256) with wgmma m64n32k16 (Q and K from shared memory), the two partial score sets
@@ -23,7 +23,7 @@
 //   raw[2]  32 keys x 592 B (576 data bytes, the 8-byte scale word, pad: rows 37 chunks apart,
 //           conflict-free)
 //   S[2]    partial scores, 64 x 32 fp32 per consumer warpgroup, fragment order
-//   flags[3][32], rope[64] (cos / sin), mbarriers full[3], empty[3], raw_full[2]
+//   flags[3][32], rope[64] (cos / sin), slots[4][32], mbarriers full[3], empty[3]
 // Epilogue: S > 1 writes the partials m, l, acc (acc rows staged in shared memory and written by
 // one bulk copy per head when the workspace allows; combined by the generic combine kernel,
 // launched with programmatic dependent launch), or, with the fused combine (S = 2 by the host's
@@ -92,7 +92,7 @@ constexpr int kFlagBytes = kKStages * kKeys;
 constexpr int kRopeBytes = 64 * 4;  // cos x32 | sin x32 of the row's position (fused inverse RoPE)
 constexpr int kSlotStages = 4;      // slot-id ring of the producer (a tile's 32 slot ids per stage)
 constexpr int kSlotBytes = kSlotStages * kKeys * 4;
-constexpr int kBarrierBytes = (2 * kKStages + kRawStages) * 8;
+constexpr int kBarrierBytes = 2 * kKStages * 8;
 // Every region before the mbarriers, in carve() order; the barriers come last.
 constexpr int kBarrierOffset = kQBytes + kKStages * kKBytes + kRawStages * kRawBytes +
                                2 * kScoreBytes + kFlagBytes + kRopeBytes + kSlotBytes;
@@ -124,9 +124,9 @@ constexpr int kEntryRegs = 168;  // __launch_bounds__(384, 1): 65536 / 384, roun
 // only if the producer's decrease frees at least as much (otherwise setmaxnreg.inc waits forever).
 static_assert(kProducers * kProducerRegs + kConsumers * kConsumerRegs <= kThreads * kEntryRegs,
               "register reallocation must fit the CTA's entry allocation");
-// Named barrier ids: the score exchange of the consumers, the producer warpgroup, and "warpgroup
-// c's score buffer has been read" (arrived at by the reader, waited for by the writer).
-constexpr uint32_t kExchangeBarrier = 1, kProducerBarrier = 2, kScoresReadBarrier = 3;
+// Named barrier ids: the score exchange of the consumers and "warpgroup c's score buffer has been
+// read" (arrived at by the reader, waited for by the writer); 3 and 4.
+constexpr uint32_t kExchangeBarrier = 1, kScoresReadBarrier = 3;
 
 struct Smem {
   unsigned char* q;
@@ -138,7 +138,6 @@ struct Smem {
   int32_t* slots;      // [kSlotStages][32]: the producer's slot ids of a tile (-1: no key)
   uint64_t* full;      // [kKStages]: K stage written (count: 128 producer threads)
   uint64_t* empty;     // [kKStages]: K stage read (count: 256 consumer threads)
-  uint64_t* raw_full;  // [kRawStages]: rows landed (count: 32 copying lanes + bytes)
   __device__ __forceinline__ unsigned char* k_stage(int32_t i) const {
     return k + (i % kKStages) * kKBytes;
   }
@@ -165,7 +164,6 @@ __device__ __forceinline__ Smem carve(unsigned char* base) {
   s.slots = reinterpret_cast<int32_t*>(s.rope + kRopeBytes / 4);
   s.full = reinterpret_cast<uint64_t*>(s.slots + kSlotBytes / 4);
   s.empty = s.full + kKStages;
-  s.raw_full = s.empty + kKStages;
   return s;
 }
 
@@ -181,24 +179,26 @@ __device__ __forceinline__ int cm_offset(int row, int c, int groups) {
   return (c * groups + row / 8) * 128 + (row % 8) * 16;
 }
 
-// ---- producer: gather and dequantisation (warpgroup 2)
-// ------------------------------------------- Producer thread (key = lane, part = warp 0..3)
-// dequantises raw chunks x = part + 4j, j = 0..8, of its key: j < 7 are NoPE chunks of scale tile
-// j, j = 7, 8 the RoPE chunks 28 + part, 32 + part. A warp handles one chunk index for 32
-// consecutive keys: its 16-byte raw reads (rows 37 chunks apart) and K-stage stores (4 whole core
-// matrices) are conflict-free.
+// ---- producer: gather and dequantisation (warpgroup 2) ------------------------------------------
+// Producer thread (warp w, lane l) owns key 8w + l % 8 of every tile and its row part l / 8: raw
+// chunks x = part + 4j, j = 0..8 (j < 7: NoPE chunks of scale tile j; j = 7, 8: the RoPE chunks
+// 28 + part, 32 + part). It copies exactly those chunks from global memory (16-byte cp.async) and
+// dequantises them, so a warp depends on nothing but its own 8 keys: no producer barrier, no
+// mbarrier for the rows. A warp instruction covers 8 rows x 64 contiguous bytes (16 whole
+// sectors); the earlier mapping (key = lane, part = warp) touched 32 rows x 16 bytes per
+// instruction, half of every sector (step 6.4 in docs/lab/sm90-path.md measured that form slower
+// than the bulk copies). Shared memory: a warp's raw reads (8 rows 37 chunks apart x 4 chunks)
+// and its K-stage stores (4 core matrices) are conflict-free in every 8-lane phase.
 struct ProducerLane {
-  int key;
-  int part;
+  int key;   // 8 warp + lane % 8
+  int part;  // lane / 8
 };
 
 // Where the row of a key of tile i lives: the global addresses of its 576 data bytes and of its
 // scale word, or data == nullptr (no row: past the split's tiles, or a slot outside the cache).
 // Every producer thread of the key computes it, two tiles ahead, in the basic block of the
-// conversion's loads and checks, once per key (the copy and the validity used to compute it
-// twice, after the producer barrier: ncu, C4-Pro B = 128, 903 of that stretch's 2,675 samples
-// were fixed-latency dependency stalls). Measured (docs/lab/sm90-path.md, lever P1): -2.3% at
-// C4-Pro B = 128; the moved chain still waits on its slot and constant loads there.
+// conversion's loads and checks (lever P1, docs/lab/sm90-path.md: the copy and the validity used
+// to compute it twice).
 struct RowSource {
   const unsigned char* data;
   const unsigned char* scale;
@@ -215,28 +215,19 @@ __device__ __forceinline__ RowSource row_source(const Sm90Params& p, const Split
   return {ok ? data : nullptr, ok ? scale : nullptr};
 }
 
-// The copies of key `key`'s row of tile i (nothing past the last tile), by the producer thread of
-// that key with part == key / 8: the 576 data bytes with one cp.async.bulk (8 copying lanes per
-// warp: it takes uniform operands, so a warp issues its copies one lane at a time), completing on
-// the stage's barrier (every key arrives once), and the 8-byte scale word with a cp.async into
-// the row's pad, one commit group per tile (the producer loop waits for it a tile later, before
-// the producer barrier that publishes it to the other warps). The scale word used to be a register
-// load whose latency the producer paid every tile (ncu: its largest long-scoreboard stall).
-// Not done: completing the scale word on the mbarrier too (cp.async.mbarrier.arrive.noinc next
-// to expect_tx); that version gave wrong outputs in rare runs (bench c4-pro B=8, S >= 5, graph
-// replay) which the LDG version and this one never showed.
-__device__ __forceinline__ void copy_row(const SplitWork& w, int32_t i, const RowSource& src,
-                                         const Smem& sm, int key) {
-  if (i >= w.tiles) return;
-  uint64_t* bar = sm.raw_full + i % kRawStages;
-  if (src.data == nullptr) {
-    mbar_arrive(bar);
-    return;
+// This thread's part of key `g.key`'s row of tile i into raw stage i: its 9 chunks (16-byte
+// cp.async, L2 only) and, by part 0, the 8-byte scale word into the row's pad; nothing for a key
+// without a row. Part of the caller's cp.async group.
+__device__ __forceinline__ void copy_part(int32_t i, const RowSource& src, const Smem& sm,
+                                          ProducerLane g) {
+  if (src.data == nullptr) return;
+  unsigned char* row = sm.raw_stage(i) + g.key * kRawRowBytes;
+#pragma unroll
+  for (int j = 0; j < 9; ++j) {
+    const int x = g.part + 4 * j;
+    cuda::cp_async16(row + 16 * x, src.data + 16 * x);
   }
-  unsigned char* row = sm.raw_stage(i) + key * kRawRowBytes;
-  mbar_arrive_expect_tx(bar, kRowBytes);
-  bulk_copy_g2s(row, src.data, kRowBytes, bar);
-  cp_async8(row + kRowBytes, src.scale);
+  if (g.part == 0) cp_async8(row + kRowBytes, src.scale);
 }
 
 // True when the whole row part takes the fast dequantisation: every scale code of the row is
@@ -327,82 +318,81 @@ __device__ __forceinline__ void convert_rows(const Smem& sm, int32_t i, bool scr
   }
 }
 
-// The slot ids of tile i into its slot-ring stage, by the producer's warp 0 (lane = key): a
-// cp.async per key (-1 stored for a key past the tile, or for a tile past the last). Part of the
-// caller's cp.async group. Slot ids kept in registers cost a DRAM latency per tile: rotating them
-// through registers makes ptxas move a just-loaded register at the top of the loop (ncu, session
-// 4).
-__device__ __forceinline__ void load_slots(const Sm90Params& p, const SplitWork& w, int32_t i,
-                                           const Smem& sm, int key) {
-  int32_t* dst = sm.slot_set(i) + key;
+// The slot id of key g.key of tile i into its slot-ring stage, by part 0 (lanes 0..7 of each
+// warp: the warp's own 8 keys): a cp.async (-1 stored for a key past the tile, or for a tile past
+// the last). Part of the caller's cp.async group. Slot ids kept in registers cost a DRAM latency
+// per tile: rotating them through registers makes ptxas move a just-loaded register at the top of
+// the loop (ncu, session 4).
+__device__ __forceinline__ void load_slot(const Sm90Params& p, const SplitWork& w, int32_t i,
+                                          const Smem& sm, ProducerLane g) {
+  if (g.part != 0) return;
+  int32_t* dst = sm.slot_set(i) + g.key;
   if (i >= w.tiles) {
     *dst = -1;
     return;
   }
   const cuda::Tile tile = cuda::tile_of(w, i);
   const DeviceList& list = tile.extra ? p.extra_list : p.main_list;
-  if (key < tile.keys) {
-    cuda::cp_async4(dst, list.indices + tile.begin + key);
+  if (g.key < tile.keys) {
+    cuda::cp_async4(dst, list.indices + tile.begin + g.key);
   } else {
     *dst = -1;
   }
 }
 
-// The producer's tile loop. Per tile i: wait for its rows (raw_full) and a free K stage (empty);
-// where tile i + 2's rows live (row_source, from its slot ids, visible since the previous
-// producer barrier); dequantise tile i, async-proxy fence (MEMBAR.CTA), publish (full); wait for
-// this thread's cp.async group of the previous tile (tile i + 1's scale words, tile i + 3's slot
-// ids), then a producer barrier (raw stage i read by every warp; those words visible to all);
-// then the rows of tile i + 2 are copied into raw stage i and tile i + 4's slot ids loaded (one
-// cp.async group).
+// The producer's tile loop; each warp runs it for its own 8 keys, synchronised only by
+// __syncwarp. One cp.async group per tile: group i holds tile i's rows and tile i + 2's slot ids
+// (issued in iteration i - 2). Per tile i: wait for group i (one younger group may stay in flight)
+// and a free K stage (empty); where tile i + 2's rows live (row_source); dequantise tile i,
+// async-proxy fence (MEMBAR.CTA), publish (full); __syncwarp (raw stage i read by every lane, the
+// scale words included); copy tile i + 2's rows into raw stage i and load tile i + 4's slot ids
+// (group i + 2).
 __device__ __forceinline__ void producer_loop(const Sm90Params& p, const SplitWork& w,
                                               const Smem& sm, int ptid) {
   static_assert(kRawStages == 2 && kSlotStages == 4, "the look-ahead below");
-  const ProducerLane g{ptid % 32, ptid / 32};
-  const bool copier = g.part == g.key / 8, slot_loader = g.part == 0;
-  if (slot_loader) {
-    for (int32_t k = 0; k < kSlotStages; ++k) load_slots(p, w, k, sm, g.key);
-  }
+  const int lane = ptid % 32;
+  const ProducerLane g{8 * (ptid / 32) + lane % 8, lane / 8};
+  load_slot(p, w, 0, sm, g);
+  load_slot(p, w, 1, sm, g);
   cuda::cp_async_commit();
   cp_async_wait<0>();
-  named_barrier_sync(kProducerBarrier, kProducers);  // slot ids of tiles 0..3 visible
+  __syncwarp();  // slot ids of tiles 0, 1 visible to the warp
   SPARSEMLA_STAMP(ptid == 0, cuda::kTlSlots);
   const RowSource r0 = row_source(p, w, 0, sm.slot_set(0)[g.key]);
   const RowSource r1 = row_source(p, w, 1, sm.slot_set(1)[g.key]);
-  if (copier) copy_row(w, 0, r0, sm, g.key);
-  cuda::cp_async_commit();  // the scale words of tile 0
-  if (copier) copy_row(w, 1, r1, sm, g.key);
-  cuda::cp_async_commit();  // of tile 1
-  cp_async_wait<1>();
-  named_barrier_sync(kProducerBarrier, kProducers);  // tile 0's scale words visible
+  copy_part(0, r0, sm, g);
+  load_slot(p, w, 2, sm, g);
+  cuda::cp_async_commit();  // group 0
+  copy_part(1, r1, sm, g);
+  load_slot(p, w, 3, sm, g);
+  cuda::cp_async_commit();  // group 1
   bool valid = r0.data != nullptr, valid_next = r1.data != nullptr;
   cuda::TlLaps laps;
   laps.start();
   for (int32_t i = 0; i < w.tiles; ++i) {
-    mbar_wait(sm.raw_full + i % kRawStages, use_parity<kRawStages>(i));
+    cp_async_wait<1>();  // group i: tile i's rows, tile i + 2's slot ids
+    __syncwarp();
     SPARSEMLA_STAMP(ptid == 0 && i == 0, cuda::kTlRaw0);
     laps.lap(0);
     if (i >= kKStages) mbar_wait(sm.empty + i % kKStages, use_parity<kKStages>(i) ^ 1u);
     laps.lap(1);
-    // Stage (i + 2) % 4 was filled two iterations ago and published by the last producer barrier;
-    // it is refilled (tile i + 6) only after two more.
     const RowSource r2 = row_source(p, w, i + 2, sm.slot_set(i + 2)[g.key]);
     convert_rows(sm, i, tile_scrub(p, w, i), valid, g);
     fence_proxy_async();
     mbar_arrive(sm.full + i % kKStages);
     SPARSEMLA_STAMP(ptid == 0 && i == 0, cuda::kTlFull0);
     laps.lap(2);
-    cp_async_wait<0>();  // tile i + 1's scale words and tile i + 3's slot ids, issued a tile ago
     laps.lap(3);
-    named_barrier_sync(kProducerBarrier, kProducers);
+    __syncwarp();  // every lane has read raw stage i (the scale word: part 0 overwrites it)
     laps.lap(4);
-    if (copier) copy_row(w, i + 2, r2, sm, g.key);
-    if (slot_loader) load_slots(p, w, i + 4, sm, g.key);  // ring stage of tile i: read
-    cuda::cp_async_commit();
+    copy_part(i + 2, r2, sm, g);    // nothing past the last tile (r2.data == nullptr)
+    load_slot(p, w, i + 4, sm, g);  // ring stage of tile i: read in iteration i - 2
+    cuda::cp_async_commit();        // group i + 2
     valid = valid_next;
     valid_next = r2.data != nullptr;
     laps.lap(5);
   }
+  cp_async_wait<0>();  // nothing in flight at exit (the last groups hold only slot ids)
   SPARSEMLA_STAMP_SUMS(ptid == 0, cuda::kTlWaitRaw, laps, 6);  // kTlWaitRaw .. kTlIssue
 }
 
@@ -865,9 +855,10 @@ __device__ __forceinline__ void write_partials_bulk(const Sm90Params& p, const S
 }
 
 // One tile of the consumers' pipeline. `sc` holds Q.K(i) (complete); P.V(i-1) may still run.
-//   scores exchanged (consumer barrier) | softmax into P (beside P.V(i-1)) | wait for P.V(i-1),
-//   rescale (rare) | Q.K(i+1) into `sc`, then P.V(i), issued back to back | wait for Q.K(i+1); K
-//   stage i-1 goes back to the producer; the next tile's exchange and softmax run beside P.V(i).
+//   scores exchanged (consumer barrier) | softmax into P (beside P.V(i-1)) | wait for P.V(i-1);
+//   K stage i-1 goes back to the producer; rescale (rare) | Q.K(i+1) into `sc`, then P.V(i),
+//   issued back to back | wait for Q.K(i+1); the next tile's exchange and softmax run beside
+//   P.V(i).
 struct ConsumerCtx {
   const Sm90Params& p;
   const SplitWork& w;
@@ -898,6 +889,10 @@ __device__ __forceinline__ void consumer_tile(const ConsumerCtx& x, int32_t i, R
   wgmma_wait<0>();
   wgmma_fence_operands(acc);
   wgmma_fence_operands(pa);
+  // P.V(i-1), the last reader of K stage i - 1, has retired: the stage goes back to the producer
+  // now, a Q.K earlier than after Q.K(i+1)'s wait (the producer waited ~530 cycles per tile for
+  // it, timeline 2026-12-04).
+  if (kMore && i > 0) mbar_arrive(x.sm.empty + (i - 1) % kKStages);
   pack_p(sc, pa);  // before Q.K(i+1) reuses sc as its accumulator
   if (needs_rescale(alpha)) rescale(acc, alpha);
   x.laps.lap(2);
@@ -910,7 +905,6 @@ __device__ __forceinline__ void consumer_tile(const ConsumerCtx& x, int32_t i, R
   if (kMore) {
     wgmma_wait<1>();  // Q.K(i+1)
     wgmma_fence_operands(sc);
-    if (i > 0) mbar_arrive(x.sm.empty + (i - 1) % kKStages);
   }
   x.laps.lap(4);
 }
@@ -1003,7 +997,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(sm.full + k, kProducers);
       mbar_init(sm.empty + k, kConsumers);
     }
-    for (int k = 0; k < kRawStages; ++k) mbar_init(sm.raw_full + k, 32);
     mbar_init_fence();
   }
   __syncthreads();
