@@ -1142,7 +1142,7 @@ void sparse_decode(const DecodeParams& p, const DecodePlan& plan, void* workspac
   cuda::check_decode_launch(p);
   opt_in_once();
   Sm90Params k = cuda::decode_kernel_params(p, plan, workspace, /*specialised=*/true);
-  // The producer's cp.async.bulk needs 16-byte aligned rows (the architecture gate routes other
+  // The producer's 16-byte cp.async needs 16-byte aligned rows (the architecture gate routes other
   // caches to the generic path; this keeps a direct call from faulting).
   SPARSEMLA_CHECK_ARG(k.main_cache.aligned16 != 0, "sparse_decode", "main_cache",
                       "base and block_stride 16-byte aligned on the sm90 path", "unaligned");

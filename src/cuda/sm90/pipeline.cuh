@@ -1,7 +1,7 @@
 // src/cuda/sm90/pipeline.cuh: the Hopper producer/consumer primitives of the sm90 decode (PTX ISA
-// 8.0+, sm_90a only): shared-memory mbarriers (arrive, expect-tx, parity wait), the bulk
-// global -> shared copy that completes on an mbarrier (async proxy: no thread waits for it in a
-// memory fence), named barriers for a subset of the CTA and warpgroup register reallocation.
+// 8.0+, sm_90a only): shared-memory mbarriers (arrive, parity wait), the 8-byte cp.async, the
+// bulk shared -> global copy of the partials, named barriers for a subset of the CTA and
+// warpgroup register reallocation.
 // Compiled to nothing outside sm_90a (the callers are guarded the same way).
 #pragma once
 
@@ -34,16 +34,6 @@ __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
 #endif
 }
 
-// Arrival that also announces `bytes` of asynchronous copies completing on this barrier.
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-#ifdef SPARSEMLA_SM90A_DEVICE
-  asm volatile(
-      "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(cuda::smem_u32(bar)),
-      "r"(bytes)
-      : "memory");
-#endif
-}
-
 // 8 bytes (both addresses 8-byte aligned) from global src to shared dst, through L1.
 __device__ __forceinline__ void cp_async8(void* dst, const void* src) {
 #ifdef SPARSEMLA_SM90A_DEVICE
@@ -61,19 +51,6 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
       "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
       "@!done bra wait_%=;\n}\n" ::"r"(cuda::smem_u32(bar)),
       "r"(parity)
-      : "memory");
-#endif
-}
-
-// bytes (multiple of 16, both addresses 16-byte aligned) from global src to shared dst; completes
-// as `bytes` of transaction count on bar.
-__device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32_t bytes,
-                                              uint64_t* bar) {
-#ifdef SPARSEMLA_SM90A_DEVICE
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
-          "r"(cuda::smem_u32(dst)),
-      "l"(src), "r"(bytes), "r"(cuda::smem_u32(bar))
       : "memory");
 #endif
 }
