@@ -33,7 +33,7 @@ enum TimelineEvent : int {
   kTlWaitRaw = 11,    // 0: waiting for a tile's rows (the thread's cp.async group, __syncwarp)
   kTlWaitEmpty = 12,  // 1: waiting for a free K stage (empty)
   kTlConvert = 13,    // 2: dequantisation, fence, publish
-  kTlAsyncWait = 14,  // 3: unused since the per-warp gather (empty lap)
+  kTlAsyncWait = 14,  // 3: unused since the per-warp gather (0)
   kTlBarrier = 15,    // 4: the __syncwarp before the raw stage is refilled
   kTlIssue = 16,      // 5: the next copies and slot ids
   // consumers:

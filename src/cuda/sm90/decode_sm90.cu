@@ -227,7 +227,7 @@ __device__ __forceinline__ void copy_part(int32_t i, const RowSource& src, const
     const int x = g.part + 4 * j;
     cuda::cp_async16(row + 16 * x, src.data + 16 * x);
   }
-  if (g.part == 0) cp_async8(row + kRowBytes, src.scale);
+  if (g.part == 0) cuda::cp_async8(row + kRowBytes, src.scale);
 }
 
 // True when the whole row part takes the fast dequantisation: every scale code of the row is
@@ -322,7 +322,7 @@ __device__ __forceinline__ void convert_rows(const Smem& sm, int32_t i, bool scr
 // warp: the warp's own 8 keys): a cp.async (-1 stored for a key past the tile, or for a tile past
 // the last). Part of the caller's cp.async group. Slot ids kept in registers cost a DRAM latency
 // per tile: rotating them through registers makes ptxas move a just-loaded register at the top of
-// the loop (ncu, session 4).
+// the loop (ncu, 2026-11-29, commit b8b481f).
 __device__ __forceinline__ void load_slot(const Sm90Params& p, const SplitWork& w, int32_t i,
                                           const Smem& sm, ProducerLane g) {
   if (g.part != 0) return;
@@ -381,8 +381,7 @@ __device__ __forceinline__ void producer_loop(const Sm90Params& p, const SplitWo
     fence_proxy_async();
     mbar_arrive(sm.full + i % kKStages);
     SPARSEMLA_STAMP(ptid == 0 && i == 0, cuda::kTlFull0);
-    laps.lap(2);
-    laps.lap(3);
+    laps.lap(2);   // lap 3 (the cp.async wait of the bulk-copy producer) stays 0
     __syncwarp();  // every lane has read raw stage i (the scale word: part 0 overwrites it)
     laps.lap(4);
     copy_part(i + 2, r2, sm, g);    // nothing past the last tile (r2.data == nullptr)

@@ -1,7 +1,7 @@
 // src/cuda/sm90/pipeline.cuh: the Hopper producer/consumer primitives of the sm90 decode (PTX ISA
-// 8.0+, sm_90a only): shared-memory mbarriers (arrive, parity wait), the 8-byte cp.async, the
-// bulk shared -> global copy of the partials, named barriers for a subset of the CTA and
-// warpgroup register reallocation.
+// 8.0+, sm_90a only): shared-memory mbarriers (arrive, parity wait), the bulk shared -> global
+// copy of the partials, named barriers for a subset of the CTA and warpgroup register
+// reallocation.
 // Compiled to nothing outside sm_90a (the callers are guarded the same way).
 #pragma once
 
@@ -31,14 +31,6 @@ __device__ __forceinline__ void mbar_init_fence() {
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
 #ifdef SPARSEMLA_SM90A_DEVICE
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(cuda::smem_u32(bar)) : "memory");
-#endif
-}
-
-// 8 bytes (both addresses 8-byte aligned) from global src to shared dst, through L1.
-__device__ __forceinline__ void cp_async8(void* dst, const void* src) {
-#ifdef SPARSEMLA_SM90A_DEVICE
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(cuda::smem_u32(dst)), "l"(src)
-               : "memory");
 #endif
 }
 
