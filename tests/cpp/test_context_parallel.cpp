@@ -30,7 +30,6 @@ using test::Rng;
 
 using decode::CacheSpec;
 using decode::CaseSpec;
-using decode::compare_with_reference;
 using decode::inf_f32;
 using decode::kPoisonBf16;
 using decode::nan_f32;
@@ -474,7 +473,7 @@ Verdict merged_vs_unsharded(Rng& rng, const CaseSpec& spec, const PipelineSpec& 
   FastRun merged;
   merge_ranks(merge_params(c, ps.R, rr.out.data(), nullptr, rr.lse.data(), merged));
   const decode::RefRun ref = run_reference(c);
-  const Verdict v = compare_with_reference(c, merged, ref);
+  const Verdict v = compare_merged(c, merged, ref, /*bf16_ranks=*/true);
   if (merged_out != nullptr) *merged_out = merged;
   return v;
 }
@@ -501,8 +500,53 @@ TEST(CpDecodeCpu, ShardedDecodesMergedEqualTheUnshardedDecode) {
         spec.peaked = true;  // a few keys hold most of the mass
         const Verdict vp = merged_vs_unsharded(rng, spec, ps);
         EXPECT_TRUE(vp.passed()) << "peaked: " << vp.describe();
+        std::printf("[ cp ] %s R=%d I=%d peaked: %s\n", c128 ? "C128" : "C4-Pro", R, I,
+                    vp.describe().c_str());
       }
     }
+  }
+}
+
+// Rule 3 at the merge's two-rounding threshold (CONTRACT 12.3) still fails the pipeline's own
+// structural bugs, with every correct run of the same data passing it.
+TEST(CpDecodeCpu, PlantedMergeBugsFailTheMergeRule) {
+  const uint64_t seed = fresh_seed();
+  SPARSEMLA_SEED_TRACE(seed);
+  Rng rng(seed);
+  PipelineSpec ps;
+  ps.R = 3;
+  DecodeCase c(rng, layer_spec(false, ps.R, 1, 3, 16));
+  heavy_sinks(rng, c, 5.0, 9.0);
+  const RankRuns rr = run_ranks(c, ps);
+  const decode::RefRun ref = run_reference(c);
+  const auto merged_verdict = [&](const RankRuns& ranks, bool sink) {
+    FastRun m;
+    RankMergeParams mp = merge_params(c, ps.R, ranks.out.data(), nullptr, ranks.lse.data(), m);
+    if (!sink) mp.sink = nullptr;
+    merge_ranks(mp);
+    return compare_merged(c, m, ref, /*bf16_ranks=*/true);
+  };
+  const Verdict ok = merged_verdict(rr, true);
+  EXPECT_TRUE(ok.passed()) << ok.describe();
+  const size_t row = static_cast<size_t>(c.T * c.H);
+  RankRuns lost = rr, doubled = rr, sunk = rr;
+  for (size_t i = 0; i < row; ++i) {
+    lost.lse[2 * row + i] = kInf;  // rank 2's all-gather slot read as an empty rank
+    std::fill_n(lost.out.begin() + (2 * row + i) * kDim, kDim, bf16_bits{0});
+    doubled.lse[row + i] += std::log(2.0f);  // rank 1 weighed twice
+  }
+  for (int32_t r = 0; r < ps.R; ++r) decode_rank(c, sunk, r, ps.splits, /*with_sink=*/true);
+  const struct {
+    const char* name;
+    Verdict v;
+  } bugs[] = {{"sink not applied", merged_verdict(rr, false)},
+              {"sink applied by every rank and by the merge", merged_verdict(sunk, true)},
+              {"rank 2 lost", merged_verdict(lost, true)},
+              {"rank 1 weighed twice", merged_verdict(doubled, true)}};
+  for (const auto& b : bugs) {
+    EXPECT_FALSE(b.v.cosine_pass()) << b.name << ": " << b.v.describe();
+    std::printf("[ cp ] planted %s: cos diff %.3g (correct %.3g, tol %.3g)\n", b.name,
+                b.v.cosine_diff, ok.cosine_diff, ok.cosine_tol);
   }
 }
 
@@ -536,7 +580,7 @@ TEST(CpDecodeCpu, EmptyRanksAndEmptyRequests) {
             8 * 4 * 8 - 7 * 8);  // 7 keys: at most 7 (rank, row) pairs per head hold one
   FastRun merged;
   merge_ranks(merge_params(c, 8, rr.out.data(), nullptr, rr.lse.data(), merged));
-  const Verdict v = compare_with_reference(c, merged, run_reference(c));
+  const Verdict v = compare_merged(c, merged, run_reference(c), /*bf16_ranks=*/true);
   EXPECT_TRUE(v.passed()) << v.describe();
   for (int32_t h = 0; h < c.H; ++h) {
     EXPECT_EQ(merged.lse_at(0, h), kInf);
@@ -581,8 +625,9 @@ TEST(CpDecodeCpu, Fp32RankOutputsMergeWithinOneBf16Rounding) {
     FastRun merged;
     merge_ranks(merge_params(c, R, nullptr, out32.data(), lse32.data(), merged));
     const decode::RefRun ref = run_reference(c);
-    const Verdict v = compare_with_reference(c, merged, ref);
+    const Verdict v = compare_merged(c, merged, ref, /*bf16_ranks=*/false);
     EXPECT_TRUE(v.passed()) << v.describe();
+    std::printf("[ cp ] fp32 ranks R=%d: %s\n", R, v.describe().c_str());
     double worst = 0;
     for (int64_t t = 0; t < c.T; ++t) {
       for (int32_t h = 0; h < c.H; ++h) {

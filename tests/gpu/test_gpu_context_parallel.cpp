@@ -447,7 +447,7 @@ TEST_P(GpuCpDecode, ShardedDecodesMergedEqualTheUnshardedDecode) {
       EXPECT_EQ(gpu_merged.out, cpu_merged.out) << "device merge vs CPU merge (same inputs)";
       const decode::RefRun ref =
           decode::run_reference(c, [&](DecodeParams& q) { q.path = GetParam(); });
-      const decode::Verdict v = decode::compare_with_reference(c, gpu_merged, ref);
+      const decode::Verdict v = cp::compare_merged(c, gpu_merged, ref, /*bf16_ranks=*/true);
       EXPECT_TRUE(v.passed()) << v.describe();
       std::printf("[ cp ] %s R=%d: %s\n", c128 ? "C128" : "C4-Pro", R, v.describe().c_str());
     }

@@ -282,11 +282,12 @@ def rope_inverse_abs_mean(a, c, s):
     return out
 
 
-def decode_verdict(out_bits, ref, abs_mean):
+def decode_verdict(out_bits, ref, abs_mean, cosine_tol=5e-6):
     """The CONTRACT 9.9 accuracy contract, written here from the contract (the library's is
     include/sparsemla/verify.h, which also has the argument for the bound): NaN/+inf/-inf in the same
     places; every finite element within 2^-7 A + 2^-8 |ref| + 1e-6 (a non-finite A bounds nothing);
-    the cosine difference over the whole output <= 5e-6 (0 when sum(ref^2) < 1e-12)."""
+    the cosine difference over the whole output <= cosine_tol (0 when sum(ref^2) < 1e-12): 5e-6,
+    or 2e-5 for a merge of bf16 rank outputs (CONTRACT 12.3: two stacked stores)."""
     out = bf16_to_f32(out_bits).astype(np.float64)
     ref = np.asarray(ref, dtype=np.float64)
     a = np.asarray(abs_mean, dtype=np.float64)
@@ -304,7 +305,7 @@ def decode_verdict(out_bits, ref, abs_mean):
     v = dict(special_mismatches=int(special.sum()), tolerance_failures=int(bad.sum()),
              max_abs_error=float(d.max()) if d.size else 0.0,
              max_bound_ratio=float((d / bound).max()) if d.size else 0.0, cosine_diff=cos)
-    v["passed"] = v["special_mismatches"] == 0 and v["tolerance_failures"] == 0 and cos <= 5e-6
+    v["passed"] = v["special_mismatches"] == 0 and v["tolerance_failures"] == 0 and cos <= cosine_tol
     return v
 
 

@@ -244,6 +244,19 @@ inline DecodeParams rank_params(const DecodeCase& c, const RankRuns& rr, int32_t
   return p;
 }
 
+// Rank r's decode (CPU) into its slices of rr.out and rr.lse: without the sink, as the pipeline
+// runs it, or with it (`with_sink`: a planted bug, the sink applied by every rank).
+inline void decode_rank(const DecodeCase& c, RankRuns& rr, int32_t r, int32_t splits,
+                        bool with_sink = false) {
+  const size_t row = static_cast<size_t>(c.T * c.H);
+  DecodeParams p = rank_params(c, rr, r, rr.out.data() + r * row * kDim, rr.lse.data() + r * row);
+  p.num_splits = splits;
+  if (with_sink) p.sink = c.sink.data();
+  const size_t bytes = decode_workspace_size(c.T, c.H, decode_num_splits(p));
+  std::vector<float> ws(bytes / 4 + 1, decode::nan_f32());
+  sparse_decode(p, ws.data(), bytes);
+}
+
 // Shards the lists of rank r with the library (CPU backend) into a TestList.
 inline TestList shard_with_library(const TestList& l, int64_t T, int32_t R, int32_t r, int32_t I,
                                    int64_t num_slots, bool keep) {
@@ -295,13 +308,7 @@ inline RankRuns run_ranks(const DecodeCase& c, const PipelineSpec& s) {
                                             s.use_num_slots ? c.extra->num_slots() : 0, false));
     }
   }
-  for (int32_t r = 0; r < s.R; ++r) {
-    DecodeParams p = rank_params(c, rr, r, rr.out.data() + r * row * kDim, rr.lse.data() + r * row);
-    p.num_splits = s.splits;
-    const size_t bytes = decode_workspace_size(T, c.H, decode_num_splits(p));
-    std::vector<float> ws(bytes / 4 + 1, decode::nan_f32());
-    sparse_decode(p, ws.data(), bytes);
-  }
+  for (int32_t r = 0; r < s.R; ++r) decode_rank(c, rr, r, s.splits);
   return rr;
 }
 
@@ -333,6 +340,16 @@ inline RankMergeParams merge_params(const DecodeCase& c, int32_t R, const bf16_b
   m.lse_stride_token = c.lse_stride_token;
   m.path = Path::Cpu;
   return m;
+}
+
+// CONTRACT 9.9's rule for a merged output against the unsharded reference (CONTRACT 12.3): rule 3
+// takes the two-rounding threshold when the ranks' outputs were bf16 (verify.h), the decode's
+// otherwise.
+inline decode::Verdict compare_merged(const DecodeCase& c, const FastRun& merged,
+                                      const decode::RefRun& ref, bool bf16_ranks) {
+  decode::Verdict v = decode::compare_with_reference(c, merged, ref);
+  if (bf16_ranks) v.cosine_tol = kVerifyCosineTolBf16RankMerge;
+  return v;
 }
 
 }  // namespace sparsemla::test::cp
